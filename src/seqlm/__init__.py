@@ -1,0 +1,14 @@
+"""seqlm: train, evaluate and use neural and n-gram language models.
+
+    import seqlm
+    lm = seqlm.load("runs/fnn")                   # any family, or a KenLM/SRILM .arpa(.gz) file
+    lm_score = seqlm.score_sentence(lm, "the cat sat")   # log10 probability, like KenLM's score()
+    print(seqlm.generate(lm, num=3, seed=1))
+"""
+
+from __future__ import annotations
+
+from seqlm.api import generate, load, save, score_sentence, score_text
+
+__all__ = ["load", "save", "score_sentence", "score_text", "generate"]
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from seqlm.cli import main
+
+sys.exit(main())

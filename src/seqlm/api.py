@@ -1,0 +1,87 @@
+"""The public surface: save/load a model directory, score text, generate."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqlm import checkpoint as ckpt
+from seqlm.config import DataConfig, from_dict
+from seqlm.data.corpus import encode_sentences
+from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
+from seqlm.eval.generate import sample
+from seqlm.eval.perplexity import LOG10, score_tokens
+from seqlm.protocol import LanguageModel
+
+ARPA_SUFFIXES = (".arpa", ".arpa.gz", ".lm", ".lm.gz")
+
+
+def save(model: Any, out: str | Path, data: DataConfig | None = None) -> None:
+    """Write config.json, vocab.txt and the weights (or ARPA) of `model` into directory `out`."""
+    from seqlm.registry import family
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    family(model.family).save(model, out)
+    model.vocab.save(out / ckpt.VOCAB)
+    meta = {"family": model.family, "model": asdict(model.config)}
+    data = data or getattr(model, "data_config", None)
+    if data is not None:
+        meta["data"] = asdict(data)
+    ckpt.write_json(out / ckpt.CONFIG, meta)
+
+
+def load(path: str | Path) -> LanguageModel:
+    """A model directory written by seqlm, or an ARPA file (KenLM, SRILM, seqlm)."""
+    from seqlm.registry import family
+
+    path = Path(path)
+    if path.is_file() and path.name.endswith(ARPA_SUFFIXES):
+        from seqlm.models.kn import KNConfig, load_arpa_file
+
+        model = load_arpa_file(path)
+        model.family, model.config = "kn", KNConfig(order=model.order)
+        return model
+    if not path.is_dir():
+        raise SeqlmError(f"{path}: no such model directory (train one with `seqlm train --out {path}`)")
+    meta = ckpt.read_json(path / ckpt.CONFIG, "config.json")
+    if not isinstance(meta, dict) or "family" not in meta or "model" not in meta:
+        raise SeqlmError(f"{path / ckpt.CONFIG}: not a seqlm config (needs 'family' and 'model')")
+    fam = family(str(meta["family"]))
+    cfg = from_dict(fam.config, meta["model"])
+    vocab = Vocab.load(path / ckpt.VOCAB)
+    model = fam.load(path, cfg, vocab)
+    model.family, model.config = meta["family"], cfg
+    model.data_config = from_dict(DataConfig, meta.get("data", {}))
+    if model.vocab != vocab:
+        raise SeqlmError(f"{path}: vocab.txt does not match the model file; the directory mixes two models")
+    return model
+
+
+def score_text(model: LanguageModel, sentences: list[list[str]]) -> list[list[float]]:
+    """log10 probability of every token of every sentence, `</s>` last (KenLM's full_scores)."""
+    stream = encode_sentences(sentences, model.vocab)
+    logp = score_tokens(model, stream).logp / LOG10
+    starts = stream.starts
+    return [logp[starts[i] : starts[i + 1]].tolist() for i in range(stream.num_sentences)]
+
+
+def score_sentence(model: LanguageModel, sentence: str) -> float:
+    """log10 P(sentence </s> | <s>), like KenLM's `model.score(sentence)`."""
+    return float(np.sum(score_text(model, [sentence.split()])[0]))
+
+
+def perplexity(model: LanguageModel, sentence: str) -> float:
+    scores = score_text(model, [sentence.split()])[0]
+    return math.pow(10.0, -sum(scores) / len(scores))
+
+
+def generate(model: LanguageModel, num: int = 1, seed: int = 0, temperature: float = 1.0,
+             max_len: int = 100) -> list[str]:
+    """Sample `num` sentences (ancestral sampling from `step`)."""
+    return [" ".join(s) for s in sample(model, num, seed, temperature, max_len)]

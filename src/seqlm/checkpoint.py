@@ -1,0 +1,77 @@
+"""Model directories: `config.json` + `vocab.txt` + `weights.safetensors` (or `model.arpa`).
+
+Every file is written to a temporary name in the same directory and renamed into place, so a crash
+or a full disk never leaves a truncated file where a good one was. No pickles anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from seqlm.errors import SeqlmError
+
+CONFIG = "config.json"
+VOCAB = "vocab.txt"
+WEIGHTS = "weights.safetensors"
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; on success fsync it and rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str | Path, what: str = "file") -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise SeqlmError(f"{path}: {what} missing; is this a seqlm model directory?")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SeqlmError(f"{path}: {what} is not valid JSON ({e}); restore it or retrain") from None
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise SeqlmError(f"{path}: weights file missing; retrain or copy the whole model directory")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise SeqlmError(f"{path}: weights file is corrupt or truncated ({e}); retrain or restore it") from None

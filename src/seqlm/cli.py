@@ -1,0 +1,171 @@
+"""The `seqlm` command line: one small function per subcommand.
+
+User errors (SeqlmError, bad flags) print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from seqlm.errors import SeqlmError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, status 2, no usage dump
+        raise SeqlmError(f"{self.prog}: {message} (see --help)")
+
+
+def _text_stream(model, args):
+    from seqlm.data.corpus import encode_file
+    from seqlm.data.datasets import resolve_corpus, split_path
+
+    if args.text:
+        return encode_file(args.text, model.vocab, raw=args.raw)
+    if args.data:
+        return encode_file(split_path(resolve_corpus(args.data), args.split), model.vocab, raw=args.raw)
+    raise SeqlmError("give the text to score: --text FILE (or --data ptb --split test)")
+
+
+def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
+    """Train (or, for kn, estimate) a model and print its valid and test perplexity."""
+    from seqlm.train.run import train_from_cli
+
+    result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc)
+    print(json.dumps(result))
+
+
+def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
+    """Perplexity of a text under a model, as one JSON line."""
+    import seqlm
+    from seqlm.eval.perplexity import evaluate
+
+    model = seqlm.load(args.model_dir)
+    print(json.dumps(evaluate(model, _text_stream(model, args), stream_mode=args.stream)))
+
+
+def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
+    """log10 probability per sentence (like KenLM's query), or per token with --per-token."""
+    import seqlm
+    from seqlm.eval.perplexity import LOG10, score_tokens
+
+    model = seqlm.load(args.model_dir)
+    stream = _text_stream(model, args)
+    logp = score_tokens(model, stream).logp / LOG10
+    starts, ids = stream.starts, stream.ids
+    out = sys.stdout
+    for i in range(stream.num_sentences):
+        lo, hi = int(starts[i]), int(starts[i + 1])
+        if args.per_token:
+            words = model.vocab.decode(ids[lo:hi])
+            out.write("\t".join(f"{w} {p:.6f}" for w, p in zip(words, logp[lo:hi], strict=True)))
+            out.write(f"\tTotal: {logp[lo:hi].sum():.6f}\n")
+        else:
+            out.write(f"{logp[lo:hi].sum():.6f}\n")
+
+
+def cmd_generate(args: argparse.Namespace, rest: list[str]) -> None:
+    """Sample sentences from a model."""
+    import seqlm
+
+    model = seqlm.load(args.model_dir)
+    for line in seqlm.generate(model, args.num, args.seed, args.temperature, args.max_len):
+        print(line)
+
+
+def cmd_info(args: argparse.Namespace, rest: list[str]) -> None:
+    """Family, config, parameter count and vocabulary size of a model, as JSON."""
+    from dataclasses import asdict
+
+    import seqlm
+
+    model = seqlm.load(args.model_dir)
+    params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
+    print(json.dumps({"family": model.family, "config": asdict(model.config), "parameters": params,
+                      "vocab_size": len(model.vocab)}, indent=2))
+
+
+def cmd_plot(args: argparse.Namespace, rest: list[str]) -> None:
+    """Learning curves (valid perplexity against epoch and wall time) of one or more runs, as PNG."""
+    from seqlm.eval.plot import plot_runs
+
+    plot_runs([Path(d) for d in args.model_dirs], Path(args.out))
+    print(args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from seqlm.registry import FAMILIES
+
+    p = _Parser(prog="seqlm", description="Train, evaluate and use language models.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("train", help=cmd_train.__doc__,
+                       description="Model and training options (--hidden, --lr, --max-epochs, ...) follow as "
+                                   "--key value; `seqlm train --model NAME --help-config` lists them.")
+    t.add_argument("--model", choices=list(FAMILIES), default=None, help="model family (default: the best one)")
+    t.add_argument("--data", default="ptb", help="dataset name (ptb) or corpus directory")
+    t.add_argument("--out", default=None, help="model directory to write (default runs/FAMILY)")
+    t.add_argument("--config", default=None, help="YAML file of options")
+    t.add_argument("--resume", action="store_true", help="continue from the last epoch checkpoint in --out")
+    t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (spawns torchrun)")
+    t.set_defaults(func=cmd_train, allow_rest=True)
+
+    def text_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("model_dir", help="model directory (or an .arpa file)")
+        q.add_argument("--text", help="text file, one sentence per line (.gz ok)")
+        q.add_argument("--data", help="or a dataset name / corpus directory ...")
+        q.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
+        q.add_argument("--raw", action="store_true", help="untokenised text (see docs)")
+
+    e = sub.add_parser("eval", help=cmd_eval.__doc__)
+    text_args(e)
+    e.add_argument("--stream", action="store_true", help="carry state across sentences (recurrent models)")
+    e.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("score", help=cmd_score.__doc__)
+    text_args(s)
+    s.add_argument("--per-token", action="store_true", help="log10 of every token")
+    s.set_defaults(func=cmd_score)
+
+    g = sub.add_parser("generate", help=cmd_generate.__doc__)
+    g.add_argument("model_dir")
+    g.add_argument("--num", type=int, default=5)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--max-len", type=int, default=100)
+    g.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("info", help=cmd_info.__doc__)
+    i.add_argument("model_dir")
+    i.set_defaults(func=cmd_info)
+
+    pl = sub.add_parser("plot", help=cmd_plot.__doc__)
+    pl.add_argument("model_dirs", nargs="+")
+    pl.add_argument("--out", default="learning_curves.png")
+    pl.set_defaults(func=cmd_plot)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parser = build_parser()
+        args, rest = parser.parse_known_args(argv)
+        if rest and not getattr(args, "allow_rest", False):
+            raise SeqlmError(f"unrecognized arguments: {' '.join(rest)} (see seqlm {args.command} --help)")
+        args.func(args, rest)
+    except SeqlmError as e:
+        print(f"seqlm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("seqlm: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Configuration: dataclasses hold every default; YAML files and `--key value` flags override them.
+
+A family's config dataclass (e.g. `FNNConfig`) holds its model hyperparameters and a nested
+`train: TrainConfig` whose defaults are that family's paper settings. `DataConfig` says how text
+becomes ids. All three are saved in `config.json` with every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from seqlm.errors import SeqlmError
+
+
+@dataclass
+class TrainConfig:
+    """The one training loop's settings (see seqlm.train.loop)."""
+
+    optimizer: str = "sgd"  # sgd | adam
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 1  # rows per batch
+    bptt: int = 200  # positions per row: packed tokens (FNN/FOFE) or TBPTT steps (RNN)
+    max_epochs: int = 40
+    min_improvement: float = 1.0  # keep the rate while valid ppl drops by at least this much ...
+    halving_epochs: int = 6  # ... then halve it every epoch for this many more epochs
+    clip: float = 0.0  # max gradient norm; 0 = off
+    seed: int = 1
+    precision: str = "fp32"  # fp32 | bf16 (autocast; float32 master weights and loss)
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    max_minutes: float = 0.0  # stop (and evaluate, save) after this long; 0 = no limit
+    eval_tokens: int = 4096  # positions per evaluation batch
+    max_nan_retries: int = 3  # non-finite loss: restore last good state, halve lr, retry
+
+    def __post_init__(self) -> None:
+        _choice("optimizer", self.optimizer, ("sgd", "adam"))
+        _choice("precision", self.precision, ("fp32", "bf16"))
+        _choice("device", self.device, ("auto", "cpu", "cuda"))
+        _positive(self, "lr", "batch_size", "bptt", "max_epochs", "eval_tokens")
+        _non_negative(self, "momentum", "weight_decay", "clip", "threads", "max_minutes", "halving_epochs")
+
+
+@dataclass
+class DataConfig:
+    """How text becomes token ids; the vocabulary comes from the training split only."""
+
+    max_vocab: int = 0  # 0 = keep every word seen min_count times
+    min_count: int = 1
+    raw: bool = False  # untokenised text: see seqlm.data.corpus.tokenize_raw
+
+    def __post_init__(self) -> None:
+        if self.max_vocab != 0 and self.max_vocab < 2:
+            raise SeqlmError(f"--max-vocab must be 0 (no limit) or at least 2, got {self.max_vocab}")
+        _positive(self, "min_count")
+
+
+def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise SeqlmError(f"--{name.replace('_', '-')} must be one of {', '.join(options)}; got {value!r}")
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for n in names:
+        if getattr(obj, n) <= 0:
+            raise SeqlmError(f"--{n.replace('_', '-')} must be positive, got {getattr(obj, n)}")
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+    for n in names:
+        if getattr(obj, n) < 0:
+            raise SeqlmError(f"--{n.replace('_', '-')} must not be negative, got {getattr(obj, n)}")
+
+
+positive, non_negative, choice = _positive, _non_negative, _choice
+
+
+def flat_fields(cfg: Any) -> dict[str, tuple[Any, dataclasses.Field]]:
+    """Every settable key of a config, nested dataclasses flattened: name -> (owner object, field)."""
+    out: dict[str, tuple[Any, dataclasses.Field]] = {}
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(flat_fields(value))
+        else:
+            out[f.name] = (cfg, f)
+    return out
+
+
+def _convert(name: str, text: Any, typ: Any) -> Any:
+    """Parse a flag value (or a YAML value) to the field's declared type."""
+    if isinstance(typ, str):
+        typ = {"int": int, "float": float, "str": str, "bool": bool}.get(typ.split(" ")[0], str)
+    origin = typing.get_origin(typ)
+    if origin in (types.UnionType, typing.Union):
+        typ = next(a for a in typing.get_args(typ) if a is not type(None))
+    try:
+        if typ is bool:
+            if isinstance(text, bool):
+                return text
+            if str(text).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(text).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int and isinstance(text, float) and not text.is_integer():
+            raise ValueError
+        return typ(text) if typ in (int, float, str) else text
+    except (TypeError, ValueError):
+        raise SeqlmError(f"--{name.replace('_', '-')} expects {getattr(typ, '__name__', typ)}, got {text!r}") from None
+
+
+def apply_overrides(configs: list[Any], overrides: dict[str, Any]) -> None:
+    """Set `key: value` pairs on whichever config owns the key; unknown keys are an error."""
+    owners: dict[str, tuple[Any, dataclasses.Field]] = {}
+    for cfg in configs:
+        owners.update(flat_fields(cfg))
+    for key, value in overrides.items():
+        name = key.lstrip("-").replace("-", "_")
+        if name not in owners:
+            known = ", ".join("--" + k.replace("_", "-") for k in sorted(owners))
+            raise SeqlmError(f"unknown option --{key.lstrip('-')}; this model takes: {known}")
+        owner, f = owners[name]
+        setattr(owner, name, _convert(name, value, f.type))
+    for cfg in configs:
+        revalidate(cfg)
+
+
+def revalidate(cfg: Any) -> None:
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            revalidate(value)
+    if hasattr(cfg, "__post_init__"):
+        cfg.__post_init__()
+
+
+def parse_overrides(tokens: list[str]) -> dict[str, str]:
+    """`--key value` pairs (and bare `--flag` meaning true) from the command line."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--") or len(tok) == 2:
+            raise SeqlmError(f"unexpected argument {tok!r}; options look like --key value")
+        key, eq, val = tok[2:].partition("=")
+        if eq:
+            out[key] = val
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            out[key] = tokens[i + 1]
+            i += 2
+        else:
+            out[key] = "true"
+            i += 1
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise SeqlmError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise SeqlmError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SeqlmError(f"{path}: expected a mapping of option: value")
+    flat: dict[str, Any] = {}
+    for k, v in data.items():  # nested sections (train:, data:) are flattened: keys are unique
+        if isinstance(v, dict):
+            flat.update(v)
+        else:
+            flat[k] = v
+    return flat
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Rebuild a (nested) config dataclass from its saved dict; unknown keys are an error."""
+    if not isinstance(data, dict):
+        raise SeqlmError(f"config for {cls.__name__} must be a JSON object")
+    kwargs = {}
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    for k, v in data.items():
+        if k not in names:
+            raise SeqlmError(f"config.json: unknown key {k!r} for {cls.__name__}; was it written by a newer seqlm?")
+        t = hints[k]
+        kwargs[k] = from_dict(t, v) if dataclasses.is_dataclass(t) else (tuple(v) if isinstance(v, list) else v)
+    return cls(**kwargs)
+
+
+__all__ = ["TrainConfig", "DataConfig", "apply_overrides", "parse_overrides", "load_yaml", "to_dict", "from_dict",
+           "field"]

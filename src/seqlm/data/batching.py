@@ -1,0 +1,179 @@
+"""Turning a TokenStream into Batches (see `seqlm.protocol.Batch`).
+
+Three shapes, one Batch type:
+- `sentence_batches`: one sentence per row, padded, sorted by length: evaluation and scoring.
+  Sentences longer than `max_len` are cut into pieces; each piece after the first carries the
+  `context` tokens before it as masked, non-reset positions, so every model sees the same history a
+  whole-sentence pass would give it (exact for n-gram windows, to within alpha^context for FOFE).
+- `packed_batches`: shuffled whole sentences laid end to end and cut into rows of `batch_tokens`
+  (FOFE paper, Sec. 4: "each mini-batch is composed of several sentences up to 200 words").
+- `stream_batches`: the text as B parallel streams cut into chunks of `bptt` steps (Mikolov's rnnlm
+  and TBPTT); sentence starts are resets only when `reset_at_sentences`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from seqlm.data.corpus import TokenStream
+from seqlm.protocol import Batch
+
+
+def history(batch: Batch, size: int) -> Tensor:
+    """(B, T, size) the last `size` inputs at each position, oldest first; -1 before the sentence start.
+
+    Column size-1 is inputs[:, t] itself, column size-1-k is inputs[:, t-k].
+    """
+    B, T = batch.inputs.shape
+    pos = torch.arange(T, device=batch.inputs.device).expand(B, T)  # (B, T)
+    seg_start = torch.where(batch.resets, pos, torch.zeros_like(pos)).cummax(dim=1).values  # (B, T)
+    padded = torch.cat([batch.inputs.new_full((B, size - 1), -1), batch.inputs], dim=1)  # (B, T+size-1)
+    windows = padded.unfold(1, size, 1)  # (B, T, size)
+    offsets = torch.arange(size - 1, -1, -1, device=pos.device)  # (size,) how far back each column is
+    valid = (pos.unsqueeze(-1) - offsets) >= seg_start.unsqueeze(-1)  # (B, T, size)
+    return torch.where(valid, windows, torch.full_like(windows, -1))
+
+
+@dataclass
+class Rows:
+    """A batch plus where its rows come from: row b scores sentence `sentence[b]` from token `offset[b]`."""
+
+    batch: Batch
+    sentence: np.ndarray  # (B,)
+    offset: np.ndarray  # (B,)
+
+
+def _pieces(lengths: np.ndarray, max_len: int) -> list[tuple[int, int, int]]:
+    """(sentence, first target, number of targets) for every piece of every sentence."""
+    out = []
+    for s, n in enumerate(lengths.tolist()):
+        for o in range(0, n, max_len):
+            out.append((s, o, min(max_len, n - o)))
+    return out
+
+
+def sentence_batches(
+    stream: TokenStream, bos_id: int, max_tokens: int = 8192, max_len: int = 512, context: int = 64
+) -> Iterator[Rows]:
+    """Every sentence scored from a fresh start; rows grouped by length to keep padding small."""
+    ids, starts = stream.ids, np.asarray(stream.starts)
+    pieces = _pieces(np.diff(starts), max_len)
+    pieces.sort(key=lambda p: (p[2] + (min(p[1], context)), p[0]))
+    i = 0
+    while i < len(pieces):
+        width = pieces[i][2] + min(pieces[i][1], context)
+        j = i
+        while j < len(pieces):  # the widest piece is last in sort order; grow while the budget allows
+            w = pieces[j][2] + min(pieces[j][1], context)
+            if (j - i + 1) * max(width, w) > max_tokens and j > i:
+                break
+            width = max(width, w)
+            j += 1
+        group = pieces[i:j]
+        i = j
+        B = len(group)
+        inputs = np.zeros((B, width), dtype=np.int64)
+        targets = np.zeros((B, width), dtype=np.int64)
+        mask = np.zeros((B, width), dtype=bool)
+        resets = np.zeros((B, width), dtype=bool)
+        for b, (s, o, n) in enumerate(group):
+            c = min(o, context)
+            base = starts[s]
+            tgt = ids[base + o - c : base + o + n]  # c context targets (masked) then n scored targets
+            inp = np.empty(c + n, dtype=np.int64)
+            inp[1:] = tgt[:-1]
+            if o - c == 0:
+                inp[0], resets[b, 0] = bos_id, True
+            else:
+                inp[0] = ids[base + o - c - 1]
+            inputs[b, : c + n], targets[b, : c + n] = inp, tgt
+            mask[b, c : c + n] = True
+        batch = Batch(*(torch.from_numpy(a) for a in (inputs, targets, mask, resets)))
+        yield Rows(batch, np.array([g[0] for g in group]), np.array([g[1] for g in group]))
+
+
+def _gather_sentences(stream: TokenStream, order: np.ndarray, bos_id: int) -> tuple[np.ndarray, ...]:
+    """Inputs, targets and resets of the sentences in `order`, laid end to end (vectorised)."""
+    starts = np.asarray(stream.starts)
+    lengths = np.diff(starts)[order]  # (S,)
+    first = starts[:-1][order]  # (S,)
+    total = int(lengths.sum())
+    seg_begin = np.repeat(np.cumsum(lengths) - lengths, lengths)  # (N,) where each target's sentence begins
+    within = np.arange(total) - seg_begin  # (N,) position inside its sentence
+    tgt_index = np.repeat(first, lengths) + within  # (N,)
+    targets = np.asarray(stream.ids[tgt_index], dtype=np.int64)
+    resets = within == 0
+    inputs = np.where(resets, bos_id, np.asarray(stream.ids[np.maximum(tgt_index - 1, 0)], dtype=np.int64))
+    return inputs, targets, resets
+
+
+def packed_batches(
+    stream: TokenStream,
+    bos_id: int,
+    batch_tokens: int = 200,
+    rows: int = 1,
+    rng: np.random.Generator | None = None,
+    shard: tuple[int, int] = (0, 1),
+) -> Iterator[Batch]:
+    """Shuffled sentences end to end, cut into (rows, batch_tokens) batches; the last one may be short.
+
+    `shard=(rank, world)` keeps every world-th batch for data-parallel training.
+    """
+    order = rng.permutation(stream.num_sentences) if rng is not None else np.arange(stream.num_sentences)
+    inputs, targets, resets = _gather_sentences(stream, order, bos_id)
+    step = batch_tokens * rows
+    rank, world = shard
+    n_batches = (len(targets) + step - 1) // step
+    n_batches -= n_batches % world if n_batches >= world else 0  # equal batch counts across ranks
+    for k in range(rank, n_batches, world):
+        sl = slice(k * step, (k + 1) * step)
+        yield _as_batch(inputs[sl], targets[sl], resets[sl], rows, batch_tokens)
+
+
+def _as_batch(inp: np.ndarray, tgt: np.ndarray, rst: np.ndarray, rows: int, width: int) -> Batch:
+    """Lay a flat run of positions out as (rows, width), padding the tail."""
+    n = len(tgt)
+    width = min(width, -(-n // rows))
+    full = rows * width
+    pad = full - n
+    mask = np.concatenate([np.ones(n, dtype=bool), np.zeros(pad, dtype=bool)])
+    inp, tgt, rst = (np.concatenate([a, np.zeros(pad, dtype=a.dtype)]) for a in (inp, tgt, rst))
+    shape = (rows, width)
+    return Batch(*(torch.from_numpy(np.ascontiguousarray(a.reshape(shape))) for a in (inp, tgt, mask, rst)))
+
+
+def stream_batches(
+    stream: TokenStream,
+    bos_id: int,
+    batch_size: int,
+    bptt: int,
+    reset_at_sentences: bool = False,
+    shard: tuple[int, int] = (0, 1),
+) -> Iterator[Batch]:
+    """The text in order as `batch_size` parallel streams, in chunks of `bptt` steps (for TBPTT).
+
+    Row r of chunk k continues row r of chunk k-1, so a model may carry its state between calls.
+    """
+    order = np.arange(stream.num_sentences)
+    inputs, targets, resets = _gather_sentences(stream, order, bos_id)
+    if not reset_at_sentences:
+        inputs = np.concatenate([[bos_id], targets[:-1]])  # the stream reads </s> as the next context
+        resets = np.zeros_like(resets)
+    rank, world = shard
+    per_row = len(targets) // (batch_size * world)
+    if per_row == 0:
+        batch_size, per_row = 1, len(targets) // world
+    lo = rank * batch_size * per_row
+    view = slice(lo, lo + batch_size * per_row)
+    inp, tgt, rst = (a[view].reshape(batch_size, per_row) for a in (inputs, targets, resets))
+    rst[:, 0] = True  # every row begins from a fresh state
+    for t0 in range(0, per_row, bptt):
+        sl = (slice(None), slice(t0, t0 + bptt))
+        mask = np.ones_like(tgt[sl], dtype=bool)
+        arrs = (inp[sl], tgt[sl], mask, rst[sl])
+        yield Batch(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrs))

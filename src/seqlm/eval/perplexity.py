@@ -1,0 +1,101 @@
+"""The one evaluation protocol, for every family.
+
+Each sentence is scored left to right from a fresh start; every word and the final `</s>` is a
+predicted token, the start symbol is context only. Words outside the vocabulary are `<unk>` and are
+counted (PTB convention); the figure without them is reported too. ppl = exp(-sum(ln p) / tokens).
+With `stream=True` a model that can (see protocol.StreamingModel) carries its state across sentence
+boundaries instead, as Mikolov's rnnlm does by default.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from seqlm.data.batching import sentence_batches, stream_batches
+from seqlm.data.corpus import TokenStream
+from seqlm.protocol import LanguageModel, StreamingModel
+
+LOG10 = math.log(10.0)
+
+
+@dataclass
+class Scores:
+    """Per-token natural-log probabilities of a whole text, in text order (targets incl. </s>)."""
+
+    logp: np.ndarray  # (N,) float64
+    stream: TokenStream
+
+    def sentence_totals(self) -> np.ndarray:
+        return np.add.reduceat(self.logp, np.asarray(self.stream.starts[:-1])) if len(self.logp) else self.logp
+
+
+def model_device(model: LanguageModel) -> torch.device:
+    params = getattr(model, "parameters", None)
+    if params is not None:
+        for p in params():
+            return p.device
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = False,
+                 max_tokens: int = 4096) -> Scores:
+    """ln p of every token of `stream` under `model` (sentence-independent unless stream_mode)."""
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    device = model_device(model)
+    starts = np.asarray(stream.starts)
+    out = np.zeros(len(stream.ids), dtype=np.float64)
+    try:
+        if stream_mode:
+            state, pos = None, 0
+            for batch in stream_batches(stream, model.vocab.bos_id, batch_size=1, bptt=max_tokens):
+                logp, state = model.score_stream(batch.to(device), state)  # (1, T)
+                n = batch.targets.shape[1]
+                out[pos : pos + n] = logp[0].double().cpu().numpy()
+                pos += n
+        else:
+            for rows in sentence_batches(stream, model.vocab.bos_id, max_tokens=max_tokens):
+                logp = model.score(rows.batch.to(device)).double().cpu().numpy()  # (B, T)
+                mask = rows.batch.mask.numpy()
+                for b in range(logp.shape[0]):
+                    vals = logp[b][mask[b]]
+                    first = starts[rows.sentence[b]] + rows.offset[b]
+                    out[first : first + len(vals)] = vals
+    finally:
+        if was_training:
+            model.train()
+    return Scores(out, stream)
+
+
+def can_stream(model: LanguageModel) -> bool:
+    return isinstance(model, StreamingModel)
+
+
+def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> dict:
+    """The JSON `seqlm eval` prints: ppl, tokens, sentences, oov, ppl_excl_oov, log10prob, mode."""
+    if stream_mode and not can_stream(model):
+        print("seqlm: this model cannot carry state across sentences; scoring sentence by sentence",
+              file=sys.stderr)
+        stream_mode = False
+    scores = score_tokens(model, stream, stream_mode, max_tokens)
+    logp = scores.logp
+    oov = np.asarray(stream.ids) == model.vocab.unk_id
+    n, n_in = len(logp), int((~oov).sum())
+    total = float(logp.sum())
+    total_in = float(logp[~oov].sum())
+    return {
+        "ppl": math.exp(-total / n),
+        "tokens": n,
+        "sentences": stream.num_sentences,
+        "oov": int(oov.sum()),
+        "ppl_excl_oov": math.exp(-total_in / n_in) if n_in else float("nan"),
+        "log10prob": total / LOG10,
+        "mode": "stream" if stream_mode else "sentence",
+    }

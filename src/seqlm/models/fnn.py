@@ -1,0 +1,101 @@
+"""n-gram feed-forward LM (Bengio et al. 2003), the FOFE paper's baseline (fofe-fnnlm.txt, Sec. 4).
+
+The previous n-1 words are looked up in a shared projection (embedding) table, concatenated, passed
+through ReLU hidden layers and a full softmax over the vocabulary. Positions before a sentence start
+read the start symbol, as an n-gram model pads with <s>.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from seqlm.config import TrainConfig, positive
+from seqlm.data.batching import history
+from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
+from seqlm.nn.softmax import FullSoftmax
+from seqlm.protocol import Batch
+
+
+def _fofe_paper_training() -> TrainConfig:
+    # fofe-fnnlm.txt Sec. 4: SGD, mini-batch 200, lr 0.4, keep it while valid ppl drops by >= 1,
+    # then six more epochs halving it each epoch.
+    return TrainConfig(optimizer="sgd", lr=0.4, batch_size=1, bptt=200, min_improvement=1.0, halving_epochs=6)
+
+
+@dataclass
+class FNNConfig:
+    order: int = 3  # n: predicts from the previous n-1 words
+    embed: int = 200
+    hidden: int = 400
+    layers: int = 2
+    train: TrainConfig = field(default_factory=_fofe_paper_training)
+
+    def __post_init__(self) -> None:
+        positive(self, "embed", "hidden", "layers")
+        if not 2 <= self.order <= 20:
+            raise SeqlmError(f"--order must be between 2 and 20 for fnn, got {self.order}")
+
+
+class MLPHead(nn.Module):
+    """ReLU hidden layers then a softmax: shared by the FNN and FOFE families.
+
+    Glorot/Xavier normalised initialisation, no pre-training (fofe-fnnlm.txt Sec. 4).
+    """
+
+    def __init__(self, in_features: int, hidden: int, layers: int, vocab_size: int):
+        super().__init__()
+        dims = [in_features] + [hidden] * layers
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.softmax = FullSoftmax(dims[-1], vocab_size)
+        for lin in self.hidden:
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def features(self, x: Tensor) -> Tensor:
+        for lin in self.hidden:
+            x = torch.relu(lin(x))  # (..., H)
+        return x
+
+    def target_log_probs(self, x: Tensor, targets: Tensor) -> Tensor:
+        h = self.features(x)  # (B, T, H)
+        return self.softmax.target_log_probs(h.flatten(0, -2), targets.flatten()).view(targets.shape)
+
+    def log_probs(self, x: Tensor) -> Tensor:
+        return self.softmax.log_probs(self.features(x))  # (B, V)
+
+
+class FNNLM(nn.Module):
+    def __init__(self, vocab: Vocab, order: int, embed: int, hidden: int, layers: int):
+        super().__init__()
+        self.vocab = vocab
+        self.order = order
+        self.embedding = nn.Embedding(len(vocab), embed)
+        nn.init.xavier_uniform_(self.embedding.weight)
+        self.head = MLPHead((order - 1) * embed, hidden, layers, len(vocab))
+
+    def _context(self, ids: Tensor) -> Tensor:
+        ids = torch.where(ids < 0, torch.full_like(ids, self.vocab.bos_id), ids)  # before the start: <s>
+        return self.embedding(ids).flatten(-2)  # (..., (n-1)*E)
+
+    def forward(self, batch: Batch, state: None = None) -> tuple[Tensor, None]:
+        ctx = self._context(history(batch, self.order - 1))  # (B, T, (n-1)*E)
+        logp = self.head.target_log_probs(ctx, batch.targets)  # (B, T)
+        return logp.masked_fill(~batch.mask, 0.0), None
+
+    def score(self, batch: Batch) -> Tensor:
+        return self(batch)[0]
+
+    def initial_state(self, batch_size: int) -> Tensor:
+        return torch.full((batch_size, self.order - 1), -1, dtype=torch.long, device=self.embedding.weight.device)
+
+    def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        state = torch.cat([state[:, 1:], tokens.view(-1, 1)], dim=1)  # (B, n-1)
+        return self.head.log_probs(self._context(state)), state
+
+
+def build_fnn(cfg: FNNConfig, vocab: Vocab) -> FNNLM:
+    return FNNLM(vocab, order=cfg.order, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers)

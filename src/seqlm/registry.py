@@ -1,0 +1,129 @@
+"""The model families, in one explicit dict. The CLI's `--model` choices come from here (and a test
+checks they agree). Nothing outside this file asks which family a model is.
+
+A neural family is a config dataclass, a builder, how its training text is cut into batches and the
+step function the one training loop calls. The count-based `kn` family is estimated, not trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from seqlm import checkpoint as ckpt
+from seqlm.data.batching import packed_batches
+from seqlm.data.corpus import TokenStream
+from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
+from seqlm.models import kn
+from seqlm.models.fnn import FNNConfig, build_fnn
+from seqlm.train.loop import Batches, fit
+from seqlm.train.steps import StepFn, sentence_step
+
+
+@dataclass
+class Splits:
+    train: TokenStream
+    valid: TokenStream
+
+
+def packed(cfg: Any, vocab: Vocab) -> Batches:
+    """Whole shuffled sentences packed into (batch_size, bptt) batches (FNN and FOFE training)."""
+
+    def batches(stream: TokenStream, rng: np.random.Generator, shard: tuple[int, int]):
+        return packed_batches(stream, vocab.bos_id, cfg.train.bptt, cfg.train.batch_size, rng, shard)
+
+    return batches
+
+
+@dataclass(frozen=True)
+class NeuralFamily:
+    summary: str
+    config: type
+    build: Callable[[Any, Vocab], nn.Module]
+    batches: Callable[[Any, Vocab], Batches]
+    step: StepFn
+
+    def train(self, model: nn.Module, splits: Splits, out: Path, save: Callable, resume: bool) -> nn.Module:
+        fit(model, self.step, self.batches(model.config, model.vocab), splits.train, splits.valid,
+            model.config.train, out, save, resume)
+        return model
+
+    def save(self, model: nn.Module, out: Path) -> None:
+        ckpt.save_tensors(out / ckpt.WEIGHTS, model.state_dict())
+
+    def load(self, model_dir: Path, cfg: Any, vocab: Vocab) -> nn.Module:
+        model = self.build(cfg, vocab)
+        weights = ckpt.load_tensors(model_dir / ckpt.WEIGHTS)
+        expected = model.state_dict()
+        for name, t in expected.items():
+            if name not in weights or weights[name].shape != t.shape:
+                got = tuple(weights[name].shape) if name in weights else "missing"
+                raise SeqlmError(f"{model_dir}: weights do not match config.json/vocab.txt ({name}: expected "
+                                 f"{tuple(t.shape)}, found {got}); the directory mixes files of different models")
+        model.load_state_dict(weights)
+        model.eval()
+        return model
+
+
+@dataclass(frozen=True)
+class CountFamily:
+    summary: str
+    config: type
+    estimate: Callable[[Any, TokenStream, Vocab], Any]
+    save_model: Callable[[Any, Path], None]
+    load_model: Callable[[Path], Any]
+
+    def build(self, cfg: Any, vocab: Vocab) -> Any:
+        raise SeqlmError("count-based models are estimated from a corpus: use `seqlm train --model kn`")
+
+    def train(self, model: Any, splits: Splits, out: Path, save: Callable, resume: bool) -> Any:
+        fitted = self.estimate(model.config, splits.train, model.vocab)
+        fitted.family, fitted.config = model.family, model.config
+        save(fitted)
+        return fitted
+
+    def save(self, model: Any, out: Path) -> None:
+        self.save_model(model, out)
+
+    def load(self, model_dir: Path, cfg: Any, vocab: Vocab) -> Any:
+        return self.load_model(model_dir)
+
+
+class _Unbuilt:
+    """A count-based model before estimation: just its config and vocabulary."""
+
+    def __init__(self, config: Any, vocab: Vocab):
+        self.config, self.vocab = config, vocab
+
+
+FAMILIES: dict[str, NeuralFamily | CountFamily] = {
+    "kn": CountFamily(
+        summary="interpolated modified Kneser-Ney n-gram model (KenLM-exact), ARPA in and out",
+        config=kn.KNConfig, estimate=kn.estimate_kn, save_model=kn.save_kn, load_model=kn.load_kn,
+    ),
+    "fnn": NeuralFamily(
+        summary="n-gram feed-forward LM (Bengio style), the FOFE paper's baseline",
+        config=FNNConfig, build=build_fnn, batches=packed, step=sentence_step,
+    ),
+}
+DEFAULT_FAMILY = "fnn"  # what `seqlm train` with no --model trains: moves to the best family as they land
+
+
+def family(name: str) -> NeuralFamily | CountFamily:
+    if name not in FAMILIES:
+        raise SeqlmError(f"unknown model family {name!r}; choose one of: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def new_model(name: str, cfg: Any, vocab: Vocab) -> Any:
+    """A fresh model of family `name`, tagged with its family and config so `seqlm.save` needs nothing else."""
+    fam = family(name)
+    model = _Unbuilt(cfg, vocab) if isinstance(fam, CountFamily) else fam.build(cfg, vocab)
+    model.family, model.config = name, cfg
+    return model
