@@ -22,8 +22,10 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.models import kn
 from seqlm.models.fnn import FNNConfig, build_fnn
+from seqlm.models.fofe import FOFEConfig, build_fofe
+from seqlm.models.rnn import RNNConfig, build_rnn, rnn_batches
 from seqlm.train.loop import Batches, fit
-from seqlm.train.steps import StepFn, sentence_step
+from seqlm.train.steps import StepFn, sentence_step, tbptt_step
 
 
 @dataclass
@@ -49,9 +51,10 @@ class NeuralFamily:
     batches: Callable[[Any, Vocab], Batches]
     step: StepFn
 
-    def train(self, model: nn.Module, splits: Splits, out: Path, save: Callable, resume: bool) -> nn.Module:
+    def train(self, model: nn.Module, splits: Splits, out: Path, save: Callable, resume: bool,
+              session_minutes: float = 0.0) -> nn.Module:
         fit(model, self.step, self.batches(model.config, model.vocab), splits.train, splits.valid,
-            model.config.train, out, save, resume)
+            model.config.train, out, save, resume, session_minutes)
         return model
 
     def save(self, model: nn.Module, out: Path) -> None:
@@ -82,7 +85,8 @@ class CountFamily:
     def build(self, cfg: Any, vocab: Vocab) -> Any:
         raise SeqlmError("count-based models are estimated from a corpus: use `seqlm train --model kn`")
 
-    def train(self, model: Any, splits: Splits, out: Path, save: Callable, resume: bool) -> Any:
+    def train(self, model: Any, splits: Splits, out: Path, save: Callable, resume: bool,
+              session_minutes: float = 0.0) -> Any:
         fitted = self.estimate(model.config, splits.train, model.vocab)
         fitted.family, fitted.config = model.family, model.config
         save(fitted)
@@ -110,6 +114,14 @@ FAMILIES: dict[str, NeuralFamily | CountFamily] = {
     "fnn": NeuralFamily(
         summary="n-gram feed-forward LM (Bengio style), the FOFE paper's baseline",
         config=FNNConfig, build=build_fnn, batches=packed, step=sentence_step,
+    ),
+    "fofe": NeuralFamily(
+        summary="FOFE feed-forward LM (Zhang et al. 2015): the whole history as a forgetting-factor code",
+        config=FOFEConfig, build=build_fofe, batches=packed, step=sentence_step,
+    ),
+    "rnn": NeuralFamily(
+        summary="Elman RNN LM (Mikolov et al. 2011): truncated BPTT, class-factorised output",
+        config=RNNConfig, build=build_rnn, batches=rnn_batches, step=tbptt_step,
     ),
 }
 DEFAULT_FAMILY = "fnn"  # what `seqlm train` with no --model trains: moves to the best family as they land

@@ -81,8 +81,13 @@ def fit(
     out: Path,
     save_best: Callable[[nn.Module], None],
     resume: bool = False,
+    session_minutes: float = 0.0,
 ) -> list[dict]:
-    """Train `model` until the schedule ends, the epochs run out or the time is up; return the metrics."""
+    """Train `model` until the schedule ends, the epochs run out or the time is up; return the metrics.
+
+    `cfg.max_minutes` bounds the whole run (and may cut an epoch short); `session_minutes` only stops
+    this call before it starts an epoch, leaving a clean checkpoint to --resume (long benchmark rows).
+    """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -99,8 +104,9 @@ def fit(
     t_start = time.time() - (history[-1]["wall_seconds"] if history else 0.0)
     deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+    session_end = time.time() + session_minutes * 60 if session_minutes else math.inf
     for epoch in range(first_epoch, cfg.max_epochs + 1):
-        if sched.done or time.time() >= deadline:
+        if sched.done or time.time() >= min(deadline, session_end):
             break
         good = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
         for retry in range(cfg.max_nan_retries + 1):
@@ -151,6 +157,7 @@ def _run_epoch(net, step, batches, opt, cfg, device, autocast, deadline, desc, c
     prog = Progress()
     t0 = time.time()
     state: Any = None
+    next_log = 60.0
     bar = tqdm(batches, desc=desc, unit="batch", leave=False, disable=None if ctx.is_main else True,
                file=sys.stderr, mininterval=1.0)
     for batch in bar:
@@ -167,6 +174,10 @@ def _run_epoch(net, step, batches, opt, cfg, device, autocast, deadline, desc, c
         prog.tokens += n
         prog.seconds = time.time() - t0
         bar.set_postfix(ppl=f"{prog.ppl:.1f}", tok_s=f"{prog.tokens / max(prog.seconds, 1e-9):.0f}", refresh=False)
+        if bar.disable and prog.seconds >= next_log:  # no terminal (logs, nohup): a line a minute instead
+            next_log += 60
+            ctx.log(f"{desc}: {prog.tokens} tokens, running ppl {prog.ppl:.2f}, "
+                    f"{prog.tokens / max(prog.seconds, 1e-9):.0f} tok/s")
         if time.time() >= deadline:
             break
     bar.close()
@@ -199,6 +210,17 @@ def _load_resume(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched:
         setattr(sched, k, v)
     torch.set_rng_state(tensors["rng.torch"])
     return int(meta["epoch"]) + 1, list(meta["history"])
+
+
+def run_status(out: Path) -> dict:
+    """How far the run in `out` got: {"epoch": last finished epoch, "done": schedule or epochs ran out}."""
+    path = out / RESUME / "state.safetensors"
+    if not path.exists():
+        return {"epoch": 0, "done": False, "history": []}
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads((f.metadata() or {})["seqlm"])
+    sched = meta["schedule"]
+    return {"epoch": meta["epoch"], "done": bool(sched["halving"] and sched["left"] <= 0), "history": meta["history"]}
 
 
 def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:

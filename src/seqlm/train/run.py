@@ -39,7 +39,7 @@ def _configs(name: str, out: Path, config_file: str | None, rest: list[str], res
 
 
 def train_from_cli(name: str | None, data: str, out: str | None, config_file: str | None, rest: list[str],
-                   resume: bool = False, nproc: int = 1) -> dict:
+                   resume: bool = False, nproc: int = 1, session_minutes: float = 0.0) -> dict:
     name = name or DEFAULT_FAMILY
     out_dir = Path(out or f"runs/{name}")
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
@@ -65,7 +65,7 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
         seqlm.save(m, out_dir, data_cfg)
 
     t0 = time.time()
-    model = family(name).train(model, splits, out_dir, save_best, resume)
+    model = family(name).train(model, splits, out_dir, save_best, resume, session_minutes)
     seconds = time.time() - t0
     if not main_rank:
         return {}

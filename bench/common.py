@@ -1,0 +1,103 @@
+"""Shared by the benchmark scripts: the results file, the machine, and the matmul ceiling.
+
+Every benchmark writes bench/results/NAME.json:
+{"bench", "command", "git_rev", "date", "machine": {"cpu", "threads", "torch"}, "rows": [...]}.
+Rows are merged by name, so a row can be run (and re-run) alone.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+CHECKPOINTS = ROOT / "bench" / "checkpoints"
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def ptb_dir() -> Path:
+    env = os.environ.get("SEQLM_DATA")
+    for cand in ([Path(env) / "ptb"] if env else []) + [ROOT.parent / "shared" / "data" / "ptb"]:
+        if (cand / "train.txt").exists():
+            return cand
+    raise SystemExit("PTB not found: set SEQLM_DATA to a folder holding ptb/train.txt")
+
+
+def merge_rows(name: str, rows: list[dict], extra: dict | None = None) -> Path:
+    """Write rows into bench/results/NAME.json, replacing rows of the same name, keeping the others."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    by_name = {r["name"]: r for r in old.get("rows", [])}
+    for r in rows:
+        by_name[r["name"]] = r
+    doc = {
+        "bench": name,
+        "command": " ".join(["python"] + sys.argv),
+        "git_rev": git_rev(),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        **{k: v for k, v in old.items() if k not in ("bench", "command", "git_rev", "date", "machine", "rows")},
+        **(extra or {}),
+        "rows": list(by_name.values()),
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def matmul_gflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype, device: str = "cpu",
+                  seconds: float = 1.5) -> float:
+    """Best sustained GFLOP/s of forward+backward-like matmuls at the given (M, K, N) shapes."""
+    mats = [(torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device))
+            for m, k, n in shapes]
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    for a, b in mats:
+        a @ b
+    best = 0.0
+    end = time.time() + seconds
+    while time.time() < end:
+        t = time.perf_counter()
+        for _ in range(5):
+            for a, b in mats:
+                a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = max(best, 5 * flops / (time.perf_counter() - t) / 1e9)
+    return best

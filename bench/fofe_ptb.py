@@ -1,0 +1,94 @@
+"""PTB table of the FOFE paper (fofe-fnnlm.txt, Table 2): n-gram FNN LMs and FOFE-FNNLMs.
+
+    python bench/fofe_ptb.py --rows fofe-2 [--precision bf16] [--session-minutes 60]
+
+Each row trains with the paper's schedule into bench/checkpoints/ROW/ and resumes from its last epoch
+checkpoint when run again, so a long row can be spread over several invocations; the row is written
+to bench/results/fofe_ptb.json (merged with the other rows) after every invocation, with "finished"
+saying whether the schedule has run to its end. Speed is reported against the matmul ceiling measured
+by this script at the model's own layer shapes and precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir
+
+from seqlm.train.loop import run_status
+from seqlm.train.run import train_from_cli
+
+PAPER_TEST_PPL = {"fnn-2": 176, "fnn-3": 131, "fnn-4": 118, "fnn-5": 114, "fnn-6": 113, "fofe-1": 116, "fofe-2": 108}
+ROWS = {name: (["--model", "fnn", "--order", name[4:]] if name.startswith("fnn") else
+               ["--model", "fofe", "--order", name[5:]]) for name in PAPER_TEST_PPL}
+
+
+def flops_per_token(model_args: list[str], vocab: int = 10000, embed: int = 200, hidden: int = 400,
+                    layers: int = 2) -> tuple[float, list[tuple[int, int, int]]]:
+    """Training FLOPs per token (forward 2, backward 4 per multiply-add) and the matmul shapes."""
+    order = int(model_args[model_args.index("--order") + 1])
+    width = (order - 1 if model_args[1] == "fnn" else order) * embed
+    dims = [width] + [hidden] * layers + [vocab]
+    macs = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
+    shapes = [(200, a, b) for a, b in zip(dims[:-1], dims[1:])] + [(200, vocab, hidden), (hidden, 200, vocab)]
+    return 6.0 * macs, shapes
+
+
+def run_row(name: str, args: argparse.Namespace) -> dict:
+    out = CHECKPOINTS / "fofe_ptb" / name
+    status = run_status(out)
+    overrides = ROWS[name] + ["--precision", args.precision, "--threads", str(args.threads),
+                              "--device", args.device]
+    if args.max_epochs:
+        overrides += ["--max-epochs", str(args.max_epochs)]
+    model = overrides[1]
+    result = train_from_cli(model, str(ptb_dir()), str(out), None, overrides[2:], resume=status["epoch"] > 0,
+                            session_minutes=args.session_minutes)
+    status = run_status(out)
+    hist = status["history"]
+    fpt, shapes = flops_per_token(ROWS[name])
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    ceiling = matmul_gflops(shapes, dtype, "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu")
+    train_seconds = sum(h["epoch_seconds"] for h in hist)
+    tokens = sum(h["train_tokens"] for h in hist)
+    tok_s = tokens / max(train_seconds, 1e-9)
+    info = json.loads((out / "config.json").read_text())
+    from seqlm import load
+
+    params = sum(p.numel() for p in load(out).parameters())
+    return {
+        "name": name, "valid_ppl": result["valid_ppl"], "test_ppl": result["test_ppl"],
+        "paper_test_ppl": PAPER_TEST_PPL[name], "rel_to_paper": result["test_ppl"] / PAPER_TEST_PPL[name] - 1,
+        "params": params, "epochs": status["epoch"], "finished": status["done"], "precision": args.precision,
+        "train_seconds": train_seconds, "wall_seconds": hist[-1]["wall_seconds"] if hist else 0.0,
+        "train_tokens_per_s": tok_s, "flops_per_token": fpt, "train_gflops": fpt * tok_s / 1e9,
+        "matmul_ceiling_gflops": ceiling, "fraction_of_ceiling": fpt * tok_s / 1e9 / ceiling,
+        "config": info["model"], "valid_curve": [h["valid_ppl"] for h in hist],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default="fofe-2,fofe-1,fnn-2,fnn-3,fnn-4,fnn-5,fnn-6")
+    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--session-minutes", type=float, default=0.0, help="stop starting epochs after this long")
+    p.add_argument("--max-epochs", type=int, default=0, help="cap epochs (0: the paper schedule decides)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    for name in args.rows.split(","):
+        if name not in ROWS:
+            sys.exit(f"unknown row {name}; choose from {', '.join(ROWS)}")
+        row = run_row(name, args)
+        path = merge_rows("fofe_ptb", [row])
+        print(json.dumps({k: row[k] for k in ("name", "valid_ppl", "test_ppl", "epochs", "finished",
+                                              "train_tokens_per_s", "fraction_of_ceiling")}), flush=True)
+        print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

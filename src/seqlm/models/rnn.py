@@ -1,0 +1,124 @@
+"""Elman recurrent LM (Mikolov et al., ICASSP 2011, rnnlm-extensions.txt).
+
+x(t) = [w(t); s(t-1)], s(t) = f(U x(t)), y(t) = g(V s(t)): the input word's embedding feeds an Elman
+layer (sigmoid, or tanh) whose state runs on across the whole text (the toolkit's default) or restarts
+at every sentence (`--sentence-independent`, what n-best rescoring needs). The output is a full
+softmax or the class-factorised one ('Speedup techniques': P(w|h) = P(c|h) P(w|c,h), C ~ sqrt(V)).
+Training: truncated BPTT ('Backpropagation through time'): the gradient of each chunk of `--bptt`
+steps is cut every `--tau` steps, so tau = 1 is plain back-propagation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from seqlm.config import TrainConfig, choice, positive
+from seqlm.data.batching import sentence_batches, stream_batches
+from seqlm.data.corpus import TokenStream
+from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
+from seqlm.nn.elman import Elman
+from seqlm.nn.softmax import ClassSoftmax, FullSoftmax
+from seqlm.protocol import Batch
+
+
+def _rnnlm_training() -> TrainConfig:
+    # Mini-batched SGD with the newbob schedule; the rnnlm toolkit's own stopping rule is relative
+    # (0.3%), the FOFE paper's is 1 ppl absolute: we keep the one schedule for all families.
+    return TrainConfig(optimizer="sgd", lr=1.0, batch_size=32, bptt=20, min_improvement=1.0, halving_epochs=6,
+                       clip=1.0, max_epochs=30)
+
+
+@dataclass
+class RNNConfig:
+    hidden: int = 200
+    embed: int = 200
+    activation: str = "sigmoid"  # sigmoid (paper) | tanh
+    output: str = "class"  # class | full
+    classes: int = 0  # 0: round(sqrt(V))
+    tau: int = 5  # BPTT truncation: steps the gradient flows back (1 = plain back-propagation)
+    sentence_independent: bool = False  # reset the state at every sentence (train and eval)
+    train: TrainConfig = field(default_factory=_rnnlm_training)
+
+    def __post_init__(self) -> None:
+        positive(self, "hidden", "embed", "tau")
+        choice("activation", self.activation, ("sigmoid", "tanh"))
+        choice("output", self.output, ("class", "full"))
+        if self.classes < 0:
+            raise SeqlmError(f"--classes must be 0 (sqrt of the vocabulary) or positive, got {self.classes}")
+
+
+class RNNLM(nn.Module):
+    def __init__(self, vocab: Vocab, hidden: int, embed: int, activation: str, output: str, classes: int,
+                 tau: int, sentence_independent: bool):
+        super().__init__()
+        self.vocab, self.tau, self.sentence_independent = vocab, tau, sentence_independent
+        self.embedding = nn.Embedding(len(vocab), embed)
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        self.rnn = Elman(embed, hidden, activation)
+        if output == "class":
+            n_cls = min(classes or round(math.sqrt(len(vocab))), len(vocab))
+            counts = torch.tensor(vocab.counts, dtype=torch.long).clamp(min=1)
+            self.out: nn.Module = ClassSoftmax(hidden, counts, n_cls)
+        else:
+            self.out = FullSoftmax(hidden, len(vocab))
+
+    def _run(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The recurrence over (B, T, E), the gradient path cut every `tau` steps (TBPTT)."""
+        if not torch.is_grad_enabled() or self.tau >= x.shape[1]:
+            return self.rnn(x, h)
+        outs = []
+        for t0 in range(0, x.shape[1], self.tau):
+            o, h = self.rnn(x[:, t0 : t0 + self.tau], h.detach())  # (B, tau, H)
+            outs.append(o)
+        return torch.cat(outs, dim=1), h  # (B, T, H)
+
+    def forward(self, batch: Batch, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if bool(batch.resets[:, 1:].any()):
+            raise SeqlmError("rnn batches may start a sentence only in their first column")
+        B = batch.inputs.shape[0]
+        if state is None or self.sentence_independent:
+            state = self.rnn.initial_state(B, batch.inputs.device)  # (B, H)
+        elif bool(batch.resets[:, 0].any()):
+            fresh = self.rnn.initial_state(B, batch.inputs.device)
+            state = torch.where(batch.resets[:, :1], fresh, state)
+        h, state = self._run(self.embedding(batch.inputs), state)  # (B, T, H), (B, H)
+        logp = self.out.target_log_probs(h.flatten(0, 1), batch.targets.flatten()).view(B, -1)  # (B, T)
+        return logp.masked_fill(~batch.mask, 0.0), state
+
+    def score(self, batch: Batch) -> Tensor:
+        return self(batch, None)[0]
+
+    def score_stream(self, batch: Batch, state: Tensor | None) -> tuple[Tensor, Tensor]:
+        return self(batch, state)
+
+    def initial_state(self, batch_size: int) -> Tensor:
+        return self.rnn.initial_state(batch_size, self.embedding.weight.device)
+
+    def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        _, state = self.rnn(self.embedding(tokens).unsqueeze(1), state)  # (B, H)
+        return self.out.log_probs(state), state
+
+
+def rnn_batches(cfg: RNNConfig, vocab: Vocab):
+    """A continuous stream in B rows (state carried), or whole sentences per row when sentence-independent."""
+
+    def batches(stream: TokenStream, rng: np.random.Generator, shard: tuple[int, int]):
+        t = cfg.train
+        if not cfg.sentence_independent:
+            return stream_batches(stream, vocab.bos_id, t.batch_size, t.bptt, shard=shard)
+        rows = list(sentence_batches(stream, vocab.bos_id, max_tokens=t.batch_size * t.bptt, max_len=10**9))
+        order = rng.permutation(len(rows))[shard[0] :: shard[1]]
+        return (rows[i].batch for i in order)
+
+    return batches
+
+
+def build_rnn(cfg: RNNConfig, vocab: Vocab) -> RNNLM:
+    return RNNLM(vocab, hidden=cfg.hidden, embed=cfg.embed, activation=cfg.activation, output=cfg.output,
+                 classes=cfg.classes, tau=cfg.tau, sentence_independent=cfg.sentence_independent)
