@@ -19,15 +19,27 @@ from seqlm.nn.elman import Elman
 from seqlm.nn.softmax import ClassSoftmax, FullSoftmax
 
 
-def median_ms(fn: Callable[[], None], reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
+def compare_ms(fns: dict[str, Callable[[], None]], reps: int, warmup: int = 3) -> dict[str, float]:
+    """Median time of each function in ms; runs are interleaved so that load from other processes on a
+    shared machine hits all candidates alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def fwd_bwd(layer: torch.nn.Module, loss: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    def step() -> None:
+        layer.zero_grad(set_to_none=True)
+        loss().backward()
+
+    return step
 
 
 def bench_softmax(n: int, hidden: int, vocab: int, classes: int, reps: int) -> None:
@@ -35,30 +47,23 @@ def bench_softmax(n: int, hidden: int, vocab: int, classes: int, reps: int) -> N
     probs = torch.tensor(counts, dtype=torch.float)
     h = torch.randn(n, hidden, requires_grad=True)  # (N, H)
     targets = torch.multinomial(probs, n, replacement=True)  # (N,) drawn from the unigram
-    for name, layer in (
-        ("full", FullSoftmax(hidden, vocab)),
-        ("class", ClassSoftmax(hidden, counts, classes)),
-    ):
-
-        def step(layer: torch.nn.Module = layer) -> None:
-            layer.zero_grad(set_to_none=True)
-            layer.target_log_probs(h, targets).sum().backward()
-
-        ms = median_ms(step, reps)
-        print(f"softmax {name:5s} N={n} H={hidden} V={vocab} C={classes}: {ms:7.2f} ms fwd+bwd")
+    full, cls = FullSoftmax(hidden, vocab), ClassSoftmax(hidden, counts, classes)
+    fns = {
+        "full": fwd_bwd(full, lambda: full.target_log_probs(h, targets).sum()),
+        "class": fwd_bwd(cls, lambda: cls.target_log_probs(h, targets).sum()),
+    }
+    for name, ms in compare_ms(fns, reps).items():
+        print(f"softmax {name:9s} N={n} H={hidden} V={vocab} C={classes}: {ms:7.2f} ms fwd+bwd")
 
 
 def bench_elman(batch: int, steps: int, hidden: int, reps: int) -> None:
     x = torch.randn(batch, steps, hidden)  # (B, T, H)
+    fns = {}
     for impl in ("manual", "fused", "reference"):
         layer = Elman(hidden, hidden, activation="sigmoid", impl=impl)
-
-        def step(layer: Elman = layer) -> None:
-            layer.zero_grad(set_to_none=True)
-            out, _ = layer(x)
-            out.sum().backward()
-
-        print(f"elman {impl:5s} B={batch} T={steps} H={hidden}: {median_ms(step, reps):7.2f} ms fwd+bwd")
+        fns[impl] = fwd_bwd(layer, lambda layer=layer: layer(x)[0].sum())
+    for name, ms in compare_ms(fns, reps).items():
+        print(f"elman {name:9s} B={batch} T={steps} H={hidden}: {ms:7.2f} ms fwd+bwd")
 
 
 def main() -> None:

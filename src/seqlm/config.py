@@ -51,13 +51,13 @@ class TrainConfig:
 class DataConfig:
     """How text becomes token ids; the vocabulary comes from the training split only."""
 
-    max_vocab: int = 0  # 0 = keep every word seen min_count times
+    max_vocab: int | None = None  # None = keep every word seen min_count times
     min_count: int = 1
     raw: bool = False  # untokenised text: see seqlm.data.corpus.tokenize_raw
 
     def __post_init__(self) -> None:
-        if self.max_vocab != 0 and self.max_vocab < 2:
-            raise SeqlmError(f"--max-vocab must be 0 (no limit) or at least 2, got {self.max_vocab}")
+        if self.max_vocab is not None and self.max_vocab < 2:
+            raise SeqlmError(f"--max-vocab must be at least 2 (</s> and <unk> are always in), got {self.max_vocab}")
         _positive(self, "min_count")
 
 

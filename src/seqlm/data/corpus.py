@@ -37,30 +37,33 @@ def tokenize_raw(line: str) -> list[list[str]]:
     return [toks for part in _SENTENCE_END.split(line.strip()) if (toks := _TOKEN.findall(part))]
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="strict", newline=None)
-    return open(path, encoding="utf-8", errors="strict", newline=None)
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
 def read_sentences(path: str | Path, raw: bool = False) -> Iterator[list[str]]:
-    """Yield sentences (token lists). Blank lines are skipped. Errors name the file and line."""
+    """Yield sentences (token lists). Blank lines are skipped. Errors name the file and line.
+
+    Lines are decoded one at a time so that an encoding error reports its own line number.
+    """
     path = Path(path)
     if not path.is_file():
         raise SeqlmError(f"{path}: no such file")
-    lineno = 0
     try:
-        with _open_text(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if "\x00" in line:
+        with _open_binary(path) as f:
+            for lineno, data in enumerate(f, 1):
+                if b"\x00" in data:
                     raise SeqlmError(f"{path}:{lineno}: contains a NUL byte; is this a text file?")
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise SeqlmError(f"{path}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start}); "
+                                     "convert the file to UTF-8") from None
                 if raw:
                     yield from tokenize_raw(line)
                 elif toks := line.split():
                     yield toks
-    except UnicodeDecodeError as e:
-        raise SeqlmError(f"{path}:{lineno + 1}: invalid UTF-8 ({e.reason}); convert the file to UTF-8") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise SeqlmError(f"{path}: cannot read ({e})") from None
 
 

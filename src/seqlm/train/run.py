@@ -52,7 +52,7 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
         vocab = Vocab.load(out_dir / ckpt.VOCAB)
     else:
         counts = count_words(split_path(corpus, "train"), data_cfg.raw)
-        vocab = Vocab.build(counts, data_cfg.max_vocab or None, data_cfg.min_count)
+        vocab = Vocab.build(counts, data_cfg.max_vocab, data_cfg.min_count)
     splits = Splits(*(encode_file(split_path(corpus, s), vocab, data_cfg.raw) for s in ("train", "valid")))
     model = new_model(name, cfg, vocab)
     model.data_config = data_cfg

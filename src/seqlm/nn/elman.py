@@ -1,0 +1,181 @@
+"""Elman recurrent layer of the RNN language model (Mikolov et al., ICASSP 2011, 'Model description').
+
+    s(t) = f(W_x x(t) + W_h s(t-1) + b)        f = sigmoid (paper) or tanh
+
+The paper's weight matrix u acts on x(t) = [w(t); s(t-1)], i.e. u = [W_x, W_h]; the bias b is the
+usual extra input. Parameters are kept in this (sigmoid-space) form whichever implementation runs.
+
+Three implementations compute the same function (tests check them against each other):
+
+- ``"manual"`` (default): forward loop without autograd plus a hand-written BPTT backward
+  (:class:`_ElmanBPTT`). Backprop through time needs one (B, H) x (H, H) matmul per step; the
+  gradient of W_h is accumulated afterwards in a single (H, T*B) x (T*B, H) matmul instead of T small
+  ones. Fastest on CPU: B=64, T=20, H=200, 2 threads, forward+backward about 5.4-6.3 ms against
+  7.4-9.9 ms for the other two (B=32..128, T=10..40: 10-35% faster).
+- ``"fused"``: torch's fused tanh RNN (``nn.RNN`` called through ``torch.func.functional_call``) with
+  weights derived on the fly from the sigmoid-space parameters, using the exact identity
+  sigmoid(a) = (tanh(a/2) + 1) / 2. With g = 2 s - 1:
+
+      g(t) = tanh(W_x/2 x(t) + W_h/4 g(t-1) + (b/2 + W_h 1/4)),     s(t) = (g(t) + 1) / 2
+
+  Gradients flow back into W_x, W_h, b through the derivation. On CPU this is no faster than the
+  plain loop (torch's CPU RNN precomputes the input projection too, and its backward is the same
+  per-step autograd graph); it may pay off on GPU (cuDNN).
+- ``"reference"``: :func:`elman_reference`, the textbook Python loop with autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+ACTIVATIONS = ("sigmoid", "tanh")
+IMPLS = ("manual", "fused", "reference")
+
+
+def elman_reference(
+    x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor, h0: Tensor, activation: str = "sigmoid"
+) -> tuple[Tensor, Tensor]:
+    """Plain Python-loop Elman net, s(t) = f(W_x x(t) + W_h s(t-1) + b); the ground truth for tests.
+
+    x (B, T, I), h0 (B, H) -> (out (B, T, H), h_T (B, H)).
+    """
+    f = torch.sigmoid if activation == "sigmoid" else torch.tanh
+    s = h0  # (B, H)
+    outs = []
+    for t in range(x.shape[1]):
+        s = f(x[:, t] @ weight_ih.T + s @ weight_hh.T + bias)  # (B, H)
+        outs.append(s)
+    return torch.stack(outs, dim=1), s  # (B, T, H), (B, H)
+
+
+class _ElmanBPTT(torch.autograd.Function):
+    """Elman recurrence with a hand-written backward (backpropagation through time).
+
+    Input ``pre`` = W_x x(t) + b is computed outside (by autograd) for all steps in one matmul; this
+    function only does the recurrent part s(t) = f(pre(t) + W_h s(t-1)), time-major.
+    """
+
+    @staticmethod
+    def forward(ctx, pre: Tensor, s0: Tensor, weight_hh: Tensor, activation: str) -> Tensor:
+        # pre (T, B, H), s0 (B, H), weight_hh (H, H) -> out (T, B, H)
+        out = torch.empty_like(pre)  # (T, B, H)
+        w_t = weight_hh.T  # (H, H)
+        prev = s0  # (B, H)
+        for t in range(pre.shape[0]):
+            torch.addmm(pre[t], prev, w_t, out=out[t])  # (B, H) pre-activation, written in place
+            prev = out[t].sigmoid_() if activation == "sigmoid" else out[t].tanh_()
+        ctx.save_for_backward(out, s0, weight_hh)
+        ctx.activation = activation
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
+        # the recurrence ran in full precision (see Elman._forward_manual); so does its gradient, even
+        # if backward() is called inside an autocast region
+        with torch.autocast(device_type=grad_out.device.type, enabled=False):
+            return _ElmanBPTT._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
+        out, s0, weight_hh = ctx.saved_tensors  # (T, B, H), (B, H), (H, H)
+        # f'(a) expressed through the output s = f(a): all steps at once
+        deriv = out * (1 - out) if ctx.activation == "sigmoid" else 1 - out * out  # (T, B, H)
+        grad_pre = torch.empty_like(out)  # (T, B, H) dL/da(t)
+        grad_s = grad_out[-1]  # (B, H) dL/ds(T-1): only the direct gradient at the last step
+        for t in range(out.shape[0] - 1, -1, -1):
+            torch.mul(grad_s, deriv[t], out=grad_pre[t])
+            if t > 0:
+                # dL/ds(t-1) = direct gradient + what flows back through W_h
+                grad_s = torch.addmm(grad_out[t - 1], grad_pre[t], weight_hh)  # (B, H)
+        grad_s0 = grad_pre[0] @ weight_hh if ctx.needs_input_grad[1] else None  # (B, H)
+        grad_w = None
+        if ctx.needs_input_grad[2]:
+            # dL/dW_h = sum_t dL/da(t)^T s(t-1): one big matmul over all steps
+            hidden = out.shape[-1]
+            grad_w = grad_pre[0].T @ s0  # (H, H)
+            grad_w = grad_w.addmm_(grad_pre[1:].reshape(-1, hidden).T, out[:-1].reshape(-1, hidden))
+        return grad_pre, grad_s0, grad_w, None
+
+
+class Elman(nn.Module):
+    """Elman (simple recurrent) layer, batch-first: x (B, T, I), h0 (B, H) -> (out (B, T, H), h_T (B, H))."""
+
+    def __init__(
+        self, input_size: int, hidden: int, activation: str = "sigmoid", impl: str = "manual"
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        self.input_size = input_size
+        self.hidden = hidden
+        self.activation = activation
+        self.impl = impl
+        self.weight_ih = nn.Parameter(torch.empty(hidden, input_size))  # W_x
+        self.weight_hh = nn.Parameter(torch.empty(hidden, hidden))  # W_h
+        self.bias = nn.Parameter(torch.empty(hidden))  # b
+        self.reset_parameters()
+        # template for the "fused" path; kept out of the registered submodules (its own parameters are
+        # never used: functional_call swaps in the derived ones), so it adds nothing to state_dict
+        self._rnn_template = [nn.RNN(input_size, hidden, nonlinearity="tanh", batch_first=True)]
+
+    def reset_parameters(self) -> None:
+        # same scheme as torch.nn.RNN
+        bound = 1.0 / math.sqrt(self.hidden)
+        for p in (self.weight_ih, self.weight_hh, self.bias):
+            nn.init.uniform_(p, -bound, bound)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> Tensor:
+        """s(0): 0.1 in all units for sigmoid (as Mikolov's rnnlm toolkit), zeros for tanh."""
+        value = 0.1 if self.activation == "sigmoid" else 0.0
+        device = self.weight_hh.device if device is None else device
+        return torch.full((batch_size, self.hidden), value, device=device, dtype=self.weight_hh.dtype)
+
+    def forward(self, x: Tensor, h0: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if h0 is None:
+            h0 = self.initial_state(x.shape[0], x.device)
+        if self.impl == "manual":
+            return self._forward_manual(x, h0)
+        if self.impl == "fused":
+            return self._forward_fused(x, h0)
+        return elman_reference(x, self.weight_ih, self.weight_hh, self.bias, h0, self.activation)
+
+    def _forward_manual(self, x: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+        dtype = self.weight_hh.dtype
+        # the recurrence runs in the parameters' precision even under autocast: rounding errors would
+        # compound over time steps, and the per-step kernels need matching dtypes
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            pre = F.linear(x.transpose(0, 1).to(dtype), self.weight_ih, self.bias)  # (T, B, H)
+            out = _ElmanBPTT.apply(pre, h0.to(dtype), self.weight_hh, self.activation)  # (T, B, H)
+        return out.transpose(0, 1).contiguous(), out[-1]  # (B, T, H), (B, H)
+
+    def _forward_fused(self, x: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+        rnn = self._rnn_template[0]
+        if self.activation == "tanh":
+            w_ih, w_hh, b = self.weight_ih, self.weight_hh, self.bias
+            g0 = h0  # (B, H)
+        else:
+            # sigmoid(a) = (tanh(a/2) + 1) / 2, with g = 2 s - 1 (see module docstring)
+            w_ih = 0.5 * self.weight_ih  # (H, I)
+            w_hh = 0.25 * self.weight_hh  # (H, H)
+            b = 0.5 * self.bias + 0.25 * self.weight_hh.sum(dim=1)  # (H,)
+            g0 = 2.0 * h0 - 1.0  # (B, H)
+        params = {
+            "weight_ih_l0": w_ih,
+            "weight_hh_l0": w_hh,
+            "bias_ih_l0": b,
+            "bias_hh_l0": torch.zeros_like(b),
+        }
+        g, g_last = functional_call(rnn, params, (x, g0.unsqueeze(0)))  # (B, T, H), (1, B, H)
+        if self.activation == "tanh":
+            return g, g_last[0]
+        return 0.5 * (g + 1.0), 0.5 * (g_last[0] + 1.0)  # (B, T, H), (B, H)
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden}, activation={self.activation!r}, impl={self.impl!r}"
