@@ -95,6 +95,25 @@ def cmd_plot(args: argparse.Namespace, rest: list[str]) -> None:
     print(args.out)
 
 
+def cmd_fofe_collisions(args: argparse.Namespace, rest: list[str]) -> None:
+    """FOFE uniqueness check: collisions among all binary sequences of length T, and on a real corpus."""
+    from seqlm.data.datasets import resolve_corpus, split_path
+    from seqlm.fofe_collisions import run
+
+    corpus = split_path(resolve_corpus(args.data), "train") if args.data else None
+
+    def floats(text: str) -> list[float]:
+        try:
+            return [float(x) for x in text.split(",")]
+        except ValueError:
+            raise SeqlmError(f"expected comma-separated numbers, got {text!r}") from None
+
+    result = run(alphas=floats(args.alphas) if args.alphas else None,
+                 epsilons=floats(args.epsilons) if args.epsilons else None, max_len=args.max_len,
+                 corpus_path=corpus, out_json=args.out_json, out_png=args.out_png)
+    print(json.dumps(result if args.verbose else {k: v for k, v in result.items() if k != "examples"}))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from seqlm.registry import FAMILIES
 
@@ -145,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("model_dirs", nargs="+")
     pl.add_argument("--out", default="learning_curves.png")
     pl.set_defaults(func=cmd_plot)
+    fc = sub.add_parser("fofe-collisions", help=cmd_fofe_collisions.__doc__)
+    fc.add_argument("--alphas", help="comma-separated forgetting factors (default 0.05..1.0 step 0.05)")
+    fc.add_argument("--epsilons", help="comma-separated thresholds (default 0.01,0.001,0.0001)")
+    fc.add_argument("--max-len", type=int, default=20, help="sequence length T of the simulation")
+    fc.add_argument("--data", help="also check every prefix of this corpus's train split (e.g. ptb)")
+    fc.add_argument("--out-json", default="fofe_collisions.json")
+    fc.add_argument("--out-png", default="fofe_collisions.png")
+    fc.add_argument("--verbose", action="store_true", help="print colliding examples too")
+    fc.set_defaults(func=cmd_fofe_collisions)
     return p
 
 
