@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY, write_corpus
 
+from conftest import TINY, write_corpus
 from seqlm.cli import main
 
 
