@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from seqlm import checkpoint as ckpt
@@ -136,6 +137,8 @@ def family(name: str) -> NeuralFamily | CountFamily:
 def new_model(name: str, cfg: Any, vocab: Vocab) -> Any:
     """A fresh model of family `name`, tagged with its family and config so `seqlm.save` needs nothing else."""
     fam = family(name)
+    if isinstance(fam, NeuralFamily):
+        torch.manual_seed(cfg.train.seed)  # the initial weights depend on the seed alone
     model = _Unbuilt(cfg, vocab) if isinstance(fam, CountFamily) else fam.build(cfg, vocab)
     model.family, model.config = name, cfg
     return model
