@@ -1,0 +1,92 @@
+"""Stage 1 of the estimator: count every n-gram of orders 1..N in a corpus, vectorised.
+
+Sentences are read as `<s> w1 .. wn </s>`, as KenLM's lmplz reads them; an n-gram never crosses a
+sentence boundary, and `<s>` occurs only as the first word of an n-gram (it is never predicted).
+
+N-grams are numbered like the levels of a trie, which keeps every key an int64 whatever the order:
+a unigram's id is its word id; an n-gram of order k > 1 has the key `prefix_id * V + last_word`,
+where `prefix_id` is the id of its first k-1 words at order k-1, and its id is the rank of that key
+among the sorted keys of order k. The same numbering is what `NGramModel` searches at query time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqlm.data.corpus import TokenStream
+
+
+@dataclass
+class NGramCounts:
+    """Every n-gram seen in the text, per order k = 1..N (index k-1 in each list).
+
+    `keys[0]` is arange(V): every vocabulary word is a unigram, seen or not.
+    """
+
+    vocab_size: int
+    bos_id: int
+    keys: list[np.ndarray]  # (M_k,) int64, sorted; order k > 1: prefix_id * V + last word
+    counts: list[np.ndarray]  # (M_k,) int64 raw occurrence counts (<s> unigram: number of sentences)
+    suffix: list[np.ndarray]  # (M_k,) int64 id at order k-1 of the n-gram minus its first word; order 1: -1
+
+    @property
+    def order(self) -> int:
+        return len(self.keys)
+
+    def prefix(self, k: int) -> np.ndarray:
+        """(M_k,) id at order k-1 of each order-k n-gram's first k-1 words (its context)."""
+        return self.keys[k - 1] // self.vocab_size
+
+    def last_word(self, k: int) -> np.ndarray:
+        """(M_k,) the predicted (last) word of each order-k n-gram."""
+        return self.keys[k - 1] % self.vocab_size
+
+    def first_word(self, k: int) -> np.ndarray:
+        """(M_k,) the first word of each order-k n-gram, found by following prefixes down to order 1."""
+        ids = np.arange(len(self.keys[k - 1]), dtype=np.int64)  # (M_k,)
+        for j in range(k, 1, -1):
+            ids = self.keys[j - 1][ids] // self.vocab_size  # (M_k,) ids at order j-1
+        return ids
+
+
+def with_sentence_starts(stream: TokenStream, bos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The corpus as one array with `<s>` before each sentence, and each token's position in its sentence.
+
+    Returns seq (L,) int64 and pos (L,) int64, pos == 0 exactly at the inserted `<s>`.
+    """
+    ids = np.asarray(stream.ids, dtype=np.int64)  # (N,)
+    starts = np.asarray(stream.starts, dtype=np.int64)  # (S+1,)
+    lengths = np.diff(starts)  # (S,)
+    bos_at = starts[:-1] + np.arange(len(lengths))  # (S,) where each <s> lands in the longer array
+    seq = np.empty(len(ids) + len(lengths), dtype=np.int64)  # (L,)
+    is_word = np.ones(len(seq), dtype=bool)  # (L,)
+    is_word[bos_at] = False
+    seq[is_word], seq[bos_at] = ids, bos_id
+    pos = np.arange(len(seq)) - np.repeat(bos_at, lengths + 1)  # (L,)
+    return seq, pos
+
+
+def count_ngrams(stream: TokenStream, bos_id: int, vocab_size: int, order: int) -> NGramCounts:
+    """Stage `count`: TokenStream (ids with </s> closing each sentence) -> NGramCounts of orders 1..order.
+
+    One np.unique per order over all positions: gram[j] holds the id at the current order of the
+    n-gram ending at position j (-1 where it would cross the sentence start).
+    """
+    seq, pos = with_sentence_starts(stream, bos_id)
+    V = vocab_size
+    keys = [np.arange(V, dtype=np.int64)]
+    counts = [np.bincount(seq, minlength=V).astype(np.int64)]  # (V,) <s> counted once per sentence
+    suffix = [np.full(V, -1, dtype=np.int64)]
+    gram = seq  # (L,) order-1 ids are word ids
+    for k in range(2, order + 1):
+        at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
+        key = gram[at - 1] * V + seq[at]  # (P,) prefix ends one position earlier
+        uniq, first, inverse, cnt = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+        keys.append(uniq)
+        counts.append(cnt.astype(np.int64))
+        suffix.append(gram[at[first]])  # (M_k,) the (k-1)-gram ending where each n-gram ends
+        gram = np.full(len(seq), -1, dtype=np.int64)
+        gram[at] = inverse
+    return NGramCounts(V, bos_id, keys, counts, suffix)

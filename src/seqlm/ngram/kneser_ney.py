@@ -1,0 +1,182 @@
+"""Interpolated modified Kneser-Ney (Chen & Goodman 1998), estimated the way KenLM's lmplz does it.
+
+The estimator is a pipeline of stages, each a plain function of arrays (see `estimate`):
+
+    count_ngrams          TokenStream            -> NGramCounts (raw counts, trie-numbered; counts.py)
+    adjust_counts         NGramCounts            -> adjusted counts per order
+    compute_discounts     adjusted counts        -> Discount (D1, D2, D3+) per order
+    initial_probabilities counts, adjusted, D    -> Initial: discounted u(w|c) and gamma(c) per order
+    interpolate           counts, Initial        -> log10 p(w|c) and log10 back-off per order (ARPA form)
+    write_arpa            tokens, keys, p, bo    -> .arpa / .arpa.gz (arpa.py; NGramModel.to_arpa)
+
+KenLM conventions reproduced exactly (checked against lmplz's output in tests/test_kn.py):
+- adjusted count: the raw count at the highest order and for n-grams that begin with `<s>` (they
+  cannot be extended to the left); otherwise the number of distinct words seen before the n-gram.
+  The `<s>` unigram gets 0: it is only ever a context.
+- D_k = k - (k+1) Y n_{k+1} / n_k with Y = n1 / (n1 + 2 n2), from the count-of-counts n_1..n_4 of the
+  adjusted counts of each order.
+- the unigram level interpolates with the uniform distribution over every word except `<s>`, so a
+  word never seen in training (`<unk>` when the text has none) gets gamma_0 / (V - 1), V counting `<s>`.
+  When the training text does contain `<unk>` (PTB does), it is counted as an ordinary word and gets
+  that uniform share on top, like every other word; the distribution still sums to 1.
+- p(w|c) = u(w|c) + gamma(c) p(w|c'), c' = c minus its first word; the ARPA back-off of c is gamma(c)
+  (0 in log10 when c is never followed by anything).
+The `<s>` unigram is written with log10 p 0, as lmplz writes it (SRILM writes -99); either way `<s>`
+is never predicted, and the reader ignores the value.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqlm.data.corpus import TokenStream
+from seqlm.data.vocab import BOS, Vocab
+from seqlm.errors import SeqlmError
+from seqlm.ngram.counts import NGramCounts, count_ngrams
+from seqlm.ngram.model import NGramModel
+
+FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)  # lmplz --discount_fallback defaults
+BOS_LOG10 = 0.0  # what lmplz writes for the <s> unigram; it is never predicted (readers also accept -99)
+
+
+@dataclass(frozen=True)
+class Discount:
+    """Modified-KN discounts of one order: D1 for count 1, D2 for count 2, D3 for counts >= 3."""
+
+    d1: float
+    d2: float
+    d3: float
+
+    def __call__(self, adjusted: np.ndarray) -> np.ndarray:
+        """(M,) the discount taken from each n-gram with the given adjusted counts (0 for count 0)."""
+        table = np.array([0.0, self.d1, self.d2, self.d3])
+        return table[np.minimum(adjusted, 3)]
+
+
+@dataclass
+class Initial:
+    """Output of `initial_probabilities`: per order k, u_k (M_k,) and gamma over its contexts.
+
+    gamma[k-1] has one entry per n-gram of order k-1 (a single entry for the unigram level's empty
+    context); it is NaN for contexts never followed by anything.
+    """
+
+    u: list[np.ndarray]
+    gamma: list[np.ndarray]
+
+
+def adjust_counts(counts: NGramCounts) -> list[np.ndarray]:
+    """Stage `adjust counts`: raw counts -> KN adjusted counts per order, (M_k,) int64 each."""
+    adjusted = []
+    for k in range(1, counts.order + 1):
+        raw = counts.counts[k - 1]
+        if k == counts.order:
+            a = raw.copy()
+        else:
+            left = np.bincount(counts.suffix[k], minlength=len(raw))  # (M_k,) distinct left extensions
+            a = np.where(counts.first_word(k) == counts.bos_id, raw, left)
+        if k == 1:
+            a[counts.bos_id] = 0
+        adjusted.append(a.astype(np.int64))
+    return adjusted
+
+
+def compute_discounts(
+    adjusted: list[np.ndarray], fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS
+) -> list[Discount]:
+    """Stage `discounts`: adjusted counts -> D1, D2, D3+ per order from the count-of-counts.
+
+    Where the statistics are too sparse (some n_j is 0 or a discount falls outside (0, j]) lmplz stops
+    and asks for --discount_fallback; we warn once for that order and use `fallback` instead.
+    """
+    out = []
+    for k, a in enumerate(adjusted, 1):
+        n = np.bincount(np.minimum(a, 5), minlength=6)[1:5].astype(np.float64)  # (4,) n_1..n_4
+        d = None
+        if np.all(n > 0):
+            y = n[0] / (n[0] + 2 * n[1])
+            d = [j - (j + 1) * y * n[j] / n[j - 1] for j in (1, 2, 3)]
+            if not all(0 < dj <= j for j, dj in zip((1, 2, 3), d, strict=True)):
+                d = None
+        if d is None:
+            counts = " ".join(f"n{j}={int(x)}" for j, x in enumerate(n, 1))
+            warnings.warn(
+                f"Kneser-Ney order {k}: count-of-counts too sparse for discounts ({counts}); "
+                f"using fallback discounts {' '.join(f'{x:g}' for x in fallback)}",
+                stacklevel=2,
+            )
+            d = list(fallback)
+        out.append(Discount(*(float(x) for x in d)))
+    return out
+
+
+def initial_probabilities(
+    counts: NGramCounts, adjusted: list[np.ndarray], discounts: list[Discount]
+) -> Initial:
+    """Stage `initial probabilities`: u(w|c) = (a(cw) - D(a(cw))) / a(c.), gamma(c) = sum D / a(c.)."""
+    us, gammas = [], []
+    for k, (a, disc) in enumerate(zip(adjusted, discounts, strict=True), 1):
+        ctx = counts.prefix(k) if k > 1 else np.zeros(len(a), dtype=np.int64)  # (M_k,)
+        n_ctx = len(counts.keys[k - 2]) if k > 1 else 1
+        taken = disc(a)  # (M_k,)
+        total = np.bincount(ctx, weights=a, minlength=n_ctx)  # (M_{k-1},) a(c.)
+        mass = np.bincount(ctx, weights=taken, minlength=n_ctx)  # (M_{k-1},) left for lower orders
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gammas.append(mass / total)  # NaN where c is never followed by anything
+            us.append((a - taken) / total[ctx])
+    return Initial(us, gammas)
+
+
+def interpolate(counts: NGramCounts, initial: Initial) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Stage `interpolate`: u, gamma -> (log10 p per order, log10 back-off per order below the highest).
+
+    Lower orders are finished first, so p(w|c') is ready when order k needs it.
+    """
+    V, bos = counts.vocab_size, counts.bos_id
+    uniform = 1.0 / (V - 1)  # every word but <s>
+    p = initial.u[0] + initial.gamma[0][0] * uniform  # (V,)
+    p[bos] = 0.0
+    probs = [p]
+    for k in range(2, counts.order + 1):
+        gamma = initial.gamma[k - 1][counts.prefix(k)]  # (M_k,)
+        probs.append(initial.u[k - 1] + gamma * probs[k - 2][counts.suffix[k - 1]])
+    with np.errstate(divide="ignore"):
+        log_p = [np.log10(q) for q in probs]
+    log_p[0][bos] = BOS_LOG10
+    backoffs = [np.nan_to_num(np.log10(g), nan=0.0) for g in initial.gamma[1:]]  # (M_k,) for k < N
+    return log_p, backoffs
+
+
+def estimate(
+    stream: TokenStream,
+    vocab_size: int,
+    bos_id: int,
+    order: int,
+    fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[Discount]]:
+    """Run the stages: TokenStream -> (keys, log10 p, log10 back-off, discounts) per order."""
+    counts = count_ngrams(stream, bos_id, vocab_size, order)
+    adjusted = adjust_counts(counts)
+    discounts = compute_discounts(adjusted, fallback)
+    initial = initial_probabilities(counts, adjusted, discounts)
+    log_p, backoffs = interpolate(counts, initial)
+    return counts.keys, log_p, backoffs, discounts
+
+
+def estimate_model(
+    stream: TokenStream, vocab: Vocab, order: int, fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS
+) -> NGramModel:
+    """Estimate a KN model from `stream`, encoded with the training `vocab` (which has no <s>).
+
+    The model's vocabulary is `vocab` with <s> appended, so training ids stay valid model ids.
+    """
+    if BOS in vocab.stoi:
+        raise SeqlmError(f"the training text contains {BOS}, which n-gram models reserve; remove it")
+    if len(stream.ids) and (int(np.max(stream.ids)) >= len(vocab) or int(np.min(stream.ids)) < 0):
+        raise SeqlmError("training ids outside the vocabulary; re-encode the text with this vocabulary")
+    model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])
+    keys, log_p, backoffs, _ = estimate(stream, len(model_vocab), model_vocab.bos_id, order, fallback)
+    return NGramModel(model_vocab, keys, log_p, backoffs)
