@@ -20,7 +20,7 @@ from seqlm.nn.softmax import FullSoftmax
 from seqlm.protocol import Batch
 
 
-def _fofe_paper_training() -> TrainConfig:
+def fofe_paper_training() -> TrainConfig:
     # fofe-fnnlm.txt Sec. 4: SGD, mini-batch 200, lr 0.4, keep it while valid ppl drops by >= 1,
     # then six more epochs halving it each epoch.
     return TrainConfig(optimizer="sgd", lr=0.4, batch_size=1, bptt=200, min_improvement=1.0, halving_epochs=6)
@@ -32,7 +32,7 @@ class FNNConfig:
     embed: int = 200
     hidden: int = 400
     layers: int = 2
-    train: TrainConfig = field(default_factory=_fofe_paper_training)
+    train: TrainConfig = field(default_factory=fofe_paper_training)
 
     def __post_init__(self) -> None:
         positive(self, "embed", "hidden", "layers")
