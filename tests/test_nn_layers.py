@@ -326,3 +326,17 @@ def test_class_softmax_state_dict_round_trip() -> None:
     other.load_state_dict(layer.state_dict())
     h, targets = torch.randn(10, 16), torch.randint(0, 60, (10,))
     torch.testing.assert_close(other.target_log_probs(h, targets), layer.target_log_probs(h, targets))
+
+
+def test_elman_without_input_projection_matches_reference_paths():
+    """input_size 0: the input already is W_x x(t) (an embedding of size H), as the paper's U lookup."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 5, dtype=torch.float64)
+    outs = []
+    for impl in ("manual", "fused", "reference"):
+        torch.manual_seed(1)
+        layer = Elman(0, 5, "sigmoid", impl=impl).double()
+        outs.append(layer(x)[0])
+        assert layer.weight_ih is None and "weight_ih" not in layer.state_dict()
+    torch.testing.assert_close(outs[0], outs[2])
+    torch.testing.assert_close(outs[1], outs[2])

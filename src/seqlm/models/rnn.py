@@ -37,7 +37,7 @@ def _rnnlm_training() -> TrainConfig:
 @dataclass
 class RNNConfig:
     hidden: int = 200
-    embed: int = 200
+    embed: int = 0  # 0: the embedding is the input weight matrix itself (the paper's U), size hidden
     activation: str = "sigmoid"  # sigmoid (paper) | tanh
     output: str = "class"  # class | full
     classes: int = 0  # 0: round(sqrt(V))
@@ -46,7 +46,9 @@ class RNNConfig:
     train: TrainConfig = field(default_factory=_rnnlm_training)
 
     def __post_init__(self) -> None:
-        positive(self, "hidden", "embed", "tau")
+        positive(self, "hidden", "tau")
+        if self.embed < 0:
+            raise SeqlmError(f"--embed must be 0 (= hidden, no extra projection) or positive, got {self.embed}")
         choice("activation", self.activation, ("sigmoid", "tanh"))
         choice("output", self.output, ("class", "full"))
         if self.classes < 0:
@@ -58,9 +60,9 @@ class RNNLM(nn.Module):
                  tau: int, sentence_independent: bool):
         super().__init__()
         self.vocab, self.tau, self.sentence_independent = vocab, tau, sentence_independent
-        self.embedding = nn.Embedding(len(vocab), embed)
+        self.embedding = nn.Embedding(len(vocab), embed or hidden)
         nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
-        self.rnn = Elman(embed, hidden, activation)
+        self.rnn = Elman(embed, hidden, activation)  # embed 0: the lookup already is W_x x(t)
         if output == "class":
             n_cls = min(classes or round(math.sqrt(len(vocab))), len(vocab))
             counts = torch.tensor(vocab.counts, dtype=torch.long).clamp(min=1)

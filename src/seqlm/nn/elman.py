@@ -117,19 +117,21 @@ class Elman(nn.Module):
         self.hidden = hidden
         self.activation = activation
         self.impl = impl
-        self.weight_ih = nn.Parameter(torch.empty(hidden, input_size))  # W_x
+        # input_size 0: x already is W_x x(t) (an embedding lookup of the one-hot word, as the paper's U)
+        self.weight_ih = nn.Parameter(torch.empty(hidden, input_size)) if input_size else None  # W_x
         self.weight_hh = nn.Parameter(torch.empty(hidden, hidden))  # W_h
         self.bias = nn.Parameter(torch.empty(hidden))  # b
         self.reset_parameters()
         # template for the "fused" path; kept out of the registered submodules (its own parameters are
         # never used: functional_call swaps in the derived ones), so it adds nothing to state_dict
-        self._rnn_template = [nn.RNN(input_size, hidden, nonlinearity="tanh", batch_first=True)]
+        self._rnn_template = [nn.RNN(input_size or hidden, hidden, nonlinearity="tanh", batch_first=True)]
 
     def reset_parameters(self) -> None:
         # same scheme as torch.nn.RNN
         bound = 1.0 / math.sqrt(self.hidden)
         for p in (self.weight_ih, self.weight_hh, self.bias):
-            nn.init.uniform_(p, -bound, bound)
+            if p is not None:
+                nn.init.uniform_(p, -bound, bound)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> Tensor:
         """s(0): 0.1 in all units for sigmoid (as Mikolov's rnnlm toolkit), zeros for tanh."""
@@ -144,25 +146,32 @@ class Elman(nn.Module):
             return self._forward_manual(x, h0)
         if self.impl == "fused":
             return self._forward_fused(x, h0)
-        return elman_reference(x, self.weight_ih, self.weight_hh, self.bias, h0, self.activation)
+        return elman_reference(x, self._input_weight(x), self.weight_hh, self.bias, h0, self.activation)
+
+    def _input_weight(self, x: Tensor) -> Tensor:
+        """W_x, or the identity when the caller already applied it (input_size 0)."""
+        if self.weight_ih is not None:
+            return self.weight_ih
+        return torch.eye(self.hidden, dtype=self.weight_hh.dtype, device=x.device)  # (H, H)
 
     def _forward_manual(self, x: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
         dtype = self.weight_hh.dtype
         # the recurrence runs in the parameters' precision even under autocast: rounding errors would
         # compound over time steps, and the per-step kernels need matching dtypes
         with torch.autocast(device_type=x.device.type, enabled=False):
-            pre = F.linear(x.transpose(0, 1).to(dtype), self.weight_ih, self.bias)  # (T, B, H)
+            xt = x.transpose(0, 1).to(dtype)  # (T, B, I)
+            pre = F.linear(xt, self.weight_ih, self.bias) if self.weight_ih is not None else xt + self.bias  # (T, B, H)
             out = _ElmanBPTT.apply(pre, h0.to(dtype), self.weight_hh, self.activation)  # (T, B, H)
         return out.transpose(0, 1).contiguous(), out[-1]  # (B, T, H), (B, H)
 
     def _forward_fused(self, x: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
         rnn = self._rnn_template[0]
         if self.activation == "tanh":
-            w_ih, w_hh, b = self.weight_ih, self.weight_hh, self.bias
+            w_ih, w_hh, b = self._input_weight(x), self.weight_hh, self.bias
             g0 = h0  # (B, H)
         else:
             # sigmoid(a) = (tanh(a/2) + 1) / 2, with g = 2 s - 1 (see module docstring)
-            w_ih = 0.5 * self.weight_ih  # (H, I)
+            w_ih = 0.5 * self._input_weight(x)  # (H, I)
             w_hh = 0.25 * self.weight_hh  # (H, H)
             b = 0.5 * self.bias + 0.25 * self.weight_hh.sum(dim=1)  # (H,)
             g0 = 2.0 * h0 - 1.0  # (B, H)
