@@ -1,0 +1,16 @@
+"""`make bench`: every benchmark in turn (each resumes its unfinished rows), then RESULTS.md."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = ["kn_ptb.py", "fofe_ptb.py", "rnnlm_ptb.py", "ddp.py"]
+
+for script in SCRIPTS:
+    if (HERE / script).exists():
+        print(f"== {script}", flush=True)
+        subprocess.run([sys.executable, str(HERE / script), *sys.argv[1:]], check=True)
+subprocess.run([sys.executable, str(HERE / "render.py")], check=True)
