@@ -42,6 +42,7 @@ class RNNConfig:
     activation: str = "sigmoid"  # sigmoid (paper) | tanh
     output: str = "class"  # class | full
     classes: int = 0  # 0: round(sqrt(V))
+    dropout: float = 0.0  # on the input embedding and the output layer's input; 0 = the paper's model
     tau: int = 5  # BPTT truncation: steps the gradient flows back (1 = plain back-propagation)
     sentence_independent: bool = False  # reset the state at every sentence (train and eval)
     train: TrainConfig = field(default_factory=_rnnlm_training)
@@ -52,14 +53,17 @@ class RNNConfig:
             raise SeqlmError(f"--embed must be 0 (= hidden, no extra projection) or positive, got {self.embed}")
         choice("activation", self.activation, ("sigmoid", "tanh"))
         choice("output", self.output, ("class", "full"))
+        if not 0.0 <= self.dropout < 1.0:
+            raise SeqlmError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.classes < 0:
             raise SeqlmError(f"--classes must be 0 (sqrt of the vocabulary) or positive, got {self.classes}")
 
 
 class RNNLM(nn.Module):
     def __init__(self, vocab: Vocab, hidden: int, embed: int, activation: str, output: str, classes: int,
-                 tau: int, sentence_independent: bool):
+                 tau: int, sentence_independent: bool, dropout: float = 0.0):
         super().__init__()
+        self.drop = nn.Dropout(dropout)
         self.vocab, self.tau, self.sentence_independent = vocab, tau, sentence_independent
         self.embedding = nn.Embedding(len(vocab), embed or hidden)
         nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
@@ -90,8 +94,8 @@ class RNNLM(nn.Module):
         elif bool(batch.resets[:, 0].any()):
             fresh = self.rnn.initial_state(B, batch.inputs.device)
             state = torch.where(batch.resets[:, :1], fresh, state)
-        h, state = self._run(self.embedding(batch.inputs), state)  # (B, T, H), (B, H)
-        logp = self.out.target_log_probs(h.flatten(0, 1), batch.targets.flatten()).view(B, -1)  # (B, T)
+        h, state = self._run(self.drop(self.embedding(batch.inputs)), state)  # (B, T, H), (B, H)
+        logp = self.out.target_log_probs(self.drop(h).flatten(0, 1), batch.targets.flatten()).view(B, -1)  # (B, T)
         return logp.masked_fill(~batch.mask, 0.0), state
 
     def score(self, batch: Batch) -> Tensor:
@@ -124,4 +128,5 @@ def rnn_batches(cfg: RNNConfig, vocab: Vocab):
 
 def build_rnn(cfg: RNNConfig, vocab: Vocab) -> RNNLM:
     return RNNLM(vocab, hidden=cfg.hidden, embed=cfg.embed, activation=cfg.activation, output=cfg.output,
-                 classes=cfg.classes, tau=cfg.tau, sentence_independent=cfg.sentence_independent)
+                 classes=cfg.classes, tau=cfg.tau, sentence_independent=cfg.sentence_independent,
+                 dropout=cfg.dropout)
