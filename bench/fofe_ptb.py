@@ -16,10 +16,11 @@ import json
 import sys
 
 import torch
-from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir
 
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
+
+from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir
 
 PAPER_TEST_PPL = {"fnn-2": 176, "fnn-3": 131, "fnn-4": 118, "fnn-5": 114, "fnn-6": 113, "fofe-1": 116, "fofe-2": 108}
 ROWS = {name: (["--model", "fnn", "--order", name[4:]] if name.startswith("fnn") else

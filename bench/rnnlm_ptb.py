@@ -20,12 +20,13 @@ import time
 import torch
 
 import seqlm
-from common import CHECKPOINTS, merge_rows, ptb_dir
 from seqlm.cli import main as seqlm_main
 from seqlm.data.corpus import encode_file
 from seqlm.eval.perplexity import evaluate
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
+
+from common import CHECKPOINTS, merge_rows, ptb_dir
 
 PAPER_TEST_PPL = {"kn5": 141.2, "rnn-bptt": 124.7, "rnn+kn5": 105.7, "rnn-x4": 102.0}
 # faster-rnnlm (sigmoid RNN, H=200, hierarchical softmax, BPTT 32, 2 threads) on this machine, as given

@@ -44,3 +44,28 @@ def shared_data() -> Path | None:
 
 
 TINY = ["--hidden", "16", "--embed", "8", "--threads", "1"]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (bind port 0 on loopback and let the kernel choose)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for a `python -m seqlm` subprocess: this test's cache, one thread, loopback-only gloo."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def seqlm_cli(*argv, timeout: float = 120, **env: str):
+    """Run the real command line (`python -m seqlm ...`) in a subprocess; returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "seqlm", *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, env=cli_env(**env))

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from conftest import TINY, write_corpus
 from seqlm.cli import main
+
+from conftest import TINY, write_corpus
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import shared_data
 from seqlm.data.batching import history, packed_batches, sentence_batches, stream_batches
 from seqlm.data.corpus import count_words, encode_file, encode_sentences, read_sentences, tokenize_raw
 from seqlm.data.vocab import EOS, UNK, Vocab
 from seqlm.errors import SeqlmError
+
+from conftest import shared_data
 
 
 def test_vocab_order_limits_and_round_trip(tmp_path):

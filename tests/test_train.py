@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY, write_corpus
 
 from seqlm.cli import main
 from seqlm.train.schedule import NewBob
+
+from conftest import TINY, write_corpus
 
 
 def test_newbob_keeps_then_halves_for_a_fixed_number_of_epochs():

@@ -29,8 +29,11 @@ WEIGHTS = "weights.safetensors"
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success fsync it and rename it over `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise SeqlmError(f"{path}: cannot write ({e.strerror}); check the directory or choose another one") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -38,6 +41,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with open(tmp_path, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
+    except OSError as e:  # a full disk, a quota: the old file (if any) is still there, untouched
+        raise SeqlmError(f"{path}: writing failed ({e.strerror}); the previous version is intact. "
+                         "Free some space and run again") from None
     finally:
         tmp_path.unlink(missing_ok=True)
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from seqlm.errors import SeqlmError
+from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,6 +23,8 @@ def _text_stream(model, args):
     from seqlm.data.corpus import encode_file
     from seqlm.data.datasets import resolve_corpus, split_path
 
+    if args.text and args.data:
+        raise SeqlmError("give either --text FILE or --data CORPUS (with --split), not both")
     if args.text:
         return encode_file(args.text, model.vocab, raw=args.raw)
     if args.data:
@@ -34,7 +37,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     from seqlm.train.run import train_from_cli
 
     result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc)
-    print(json.dumps(result))
+    if result:  # data-parallel ranks other than 0 have nothing to report
+        print(json.dumps(result))
 
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
@@ -114,6 +118,22 @@ def cmd_fofe_collisions(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps(result if args.verbose else {k: v for k, v in result.items() if k != "examples"}))
 
 
+def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
+    """Combine saved models by linear interpolation into a mixture model directory (weights by EM on --valid)."""
+    from seqlm.eval.interpolate import interpolate
+
+    print(json.dumps(interpolate(args.model_dirs, args.out, args.valid, args.weights, args.em, args.stream,
+                                 args.raw)))
+
+
+def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
+    """Rescore an n-best list with a model: new total scores per hypothesis and the 1-best per utterance."""
+    from seqlm.eval.rescore import rescore_files
+
+    rescore_files(args.model_dir, args.nbest, args.tsv, args.acoustic, args.lm_scores, args.costs, args.lm_weight,
+                  args.word_penalty, args.interpolate_old, args.out, args.best)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from seqlm.registry import FAMILIES
 
@@ -173,7 +193,49 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--out-png", default="fofe_collisions.png")
     fc.add_argument("--verbose", action="store_true", help="print colliding examples too")
     fc.set_defaults(func=cmd_fofe_collisions)
+
+    ip = sub.add_parser("interpolate", help=cmd_interpolate.__doc__,
+                        description="P(w|h) = sum_i lambda_i P_i(w|h). Weights: --weights as given, else EM on "
+                                    "--valid, else equal. See docs/combination.md.")
+    ip.add_argument("model_dirs", nargs="+", help="model directories or .arpa files (the first sets the vocabulary)")
+    ip.add_argument("--out", required=True, help="mixture model directory to write")
+    ip.add_argument("--valid", help="held-out text for EM and the perplexities printed")
+    ip.add_argument("--raw", action="store_true", help="--valid is untokenised text (see docs)")
+    iw = ip.add_mutually_exclusive_group()
+    iw.add_argument("--weights", help="comma-separated weights, one per model (normalised to sum to 1)")
+    iw.add_argument("--em", action="store_true", help="estimate the weights by EM on --valid (the default with it)")
+    ip.add_argument("--stream", action="store_true",
+                    help="score --valid with recurrent components carrying state across sentences")
+    ip.set_defaults(func=cmd_interpolate)
+
+    rs = sub.add_parser("rescore", help=cmd_rescore.__doc__,
+                        description="Scores are natural-log likelihoods (higher is better), or with --costs "
+                                    "negative ones (lower is better, as Kaldi stores them), in and out. "
+                                    "total = acoustic + lm_weight * lm - word_penalty * words. "
+                                    "See docs/combination.md.")
+    rs.add_argument("model_dir", help="model directory (or an .arpa file)")
+    rs.add_argument("--nbest", help="hypotheses, one per line: uttid-N word word ...")
+    rs.add_argument("--acoustic", help="with --nbest: lines 'uttid-N score'")
+    rs.add_argument("--lm-scores", help="with --nbest: the old LM scores, lines 'uttid-N score'")
+    rs.add_argument("--tsv", help="instead: one TSV file with columns key, acoustic, lm, text")
+    rs.add_argument("--costs", action="store_true", help="scores are costs (-ln p), in the input and the output")
+    rs.add_argument("--lm-weight", type=float, default=1.0, help="scale of the LM score in the total")
+    rs.add_argument("--word-penalty", type=float, default=0.0, help="subtracted from the total per word")
+    rs.add_argument("--interpolate-old", type=float, default=None, metavar="W",
+                    help="LM score = (1-W) new + W old (log-linear; needs the old LM scores)")
+    rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total (default stdout)")
+    rs.add_argument("--best", help="write the best hypothesis of each utterance here (uttid word ...)")
+    rs.set_defaults(func=cmd_rescore)
     return p
+
+
+def _report(e: SeqlmError) -> None:
+    """One line on stderr; a `train --nproc` worker leaves it in a file for the launcher to print once."""
+    err_dir = os.environ.get(ERROR_DIR_ENV)
+    if err_dir and "RANK" in os.environ:
+        Path(err_dir, f"rank{os.environ['RANK']}.err").write_text(str(e), encoding="utf-8")
+        return
+    print(f"seqlm: error: {e}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SeqlmError(f"unrecognized arguments: {' '.join(rest)} (see seqlm {args.command} --help)")
         args.func(args, rest)
     except SeqlmError as e:
-        print(f"seqlm: error: {e}", file=sys.stderr)
+        _report(e)
         return 2
     except KeyboardInterrupt:
         print("seqlm: interrupted", file=sys.stderr)

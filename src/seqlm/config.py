@@ -44,7 +44,8 @@ class TrainConfig:
         _choice("precision", self.precision, ("fp32", "bf16"))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _positive(self, "lr", "batch_size", "bptt", "max_epochs", "eval_tokens")
-        _non_negative(self, "momentum", "weight_decay", "clip", "threads", "max_minutes", "halving_epochs")
+        _non_negative(self, "momentum", "weight_decay", "clip", "threads", "max_minutes", "halving_epochs",
+                      "max_nan_retries", "seed")
 
 
 @dataclass
@@ -198,8 +199,39 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
         if k not in names:
             raise SeqlmError(f"config.json: unknown key {k!r} for {cls.__name__}; was it written by a newer seqlm?")
         t = hints[k]
-        kwargs[k] = from_dict(t, v) if dataclasses.is_dataclass(t) else (tuple(v) if isinstance(v, list) else v)
+        if dataclasses.is_dataclass(t):
+            kwargs[k] = from_dict(t, v)
+        elif _scalar(t):
+            kwargs[k] = _saved_scalar(cls, k, v, t)
+        else:
+            kwargs[k] = tuple(v) if isinstance(v, list) else v
     return cls(**kwargs)
+
+
+def _scalar(typ: Any) -> tuple[type, bool] | None:
+    """(int|float|str|bool, whether None is allowed) for a scalar field type, else None."""
+    args = typing.get_args(typ) if typing.get_origin(typ) in (types.UnionType, typing.Union) else (typ,)
+    base = [a for a in args if a is not type(None)]
+    if len(base) == 1 and base[0] in (int, float, str, bool):
+        return base[0], type(None) in args
+    return None
+
+
+def _saved_scalar(cls: type, name: str, value: Any, typ: Any) -> Any:
+    """A value from config.json, type-checked: a damaged or hand-edited file must fail with a message."""
+    base, optional = _scalar(typ)
+    if value is None and optional:
+        return value
+    if base is bool:
+        ok = isinstance(value, bool)
+    elif base is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, base) and not isinstance(value, bool)
+    if not ok:
+        raise SeqlmError(f"config.json: {name} of {cls.__name__} must be {base.__name__}, got {value!r}; "
+                         "restore the file or retrain")
+    return value
 
 
 __all__ = ["TrainConfig", "DataConfig", "apply_overrides", "parse_overrides", "load_yaml", "to_dict", "from_dict",

@@ -9,3 +9,8 @@ from __future__ import annotations
 
 class SeqlmError(Exception):
     """A problem with the user's input, with a message that says how to fix it."""
+
+
+# Set by `seqlm train --nproc N` for its workers: each writes its SeqlmError to DIR/rank<R>.err instead
+# of stderr, and the launcher reports it once (not N times, not under torchrun's failure report).
+ERROR_DIR_ENV = "SEQLM_ERROR_DIR"

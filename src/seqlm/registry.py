@@ -24,6 +24,7 @@ from seqlm.errors import SeqlmError
 from seqlm.models import kn
 from seqlm.models.fnn import FNNConfig, build_fnn
 from seqlm.models.fofe import FOFEConfig, build_fofe
+from seqlm.models.mixture import NOT_TRAINED, MixtureConfig, load_mixture, save_mixture
 from seqlm.models.rnn import RNNConfig, build_rnn, rnn_batches
 from seqlm.train.loop import Batches, fit
 from seqlm.train.steps import StepFn, sentence_step, tbptt_step
@@ -100,6 +101,29 @@ class CountFamily:
         return self.load_model(model_dir)
 
 
+@dataclass(frozen=True)
+class MixtureFamily:
+    """Models combined from saved ones (`seqlm interpolate`): loaded and saved like any model, never trained."""
+
+    summary: str
+    config: type
+    save_model: Callable[[Any, Path], None]
+    load_model: Callable[[Path, Any], Any]
+
+    def build(self, cfg: Any, vocab: Vocab) -> Any:
+        raise SeqlmError(NOT_TRAINED)
+
+    def train(self, model: Any, splits: Splits, out: Path, save: Callable, resume: bool,
+              session_minutes: float = 0.0) -> Any:
+        raise SeqlmError(NOT_TRAINED)
+
+    def save(self, model: Any, out: Path) -> None:
+        self.save_model(model, out)
+
+    def load(self, model_dir: Path, cfg: Any, vocab: Vocab) -> Any:
+        return self.load_model(model_dir, cfg)
+
+
 class _Unbuilt:
     """A count-based model before estimation: just its config and vocabulary."""
 
@@ -107,7 +131,9 @@ class _Unbuilt:
         self.config, self.vocab = config, vocab
 
 
-FAMILIES: dict[str, NeuralFamily | CountFamily] = {
+Family = NeuralFamily | CountFamily | MixtureFamily
+
+FAMILIES: dict[str, Family] = {
     "kn": CountFamily(
         summary="interpolated modified Kneser-Ney n-gram model (KenLM-exact), ARPA in and out",
         config=kn.KNConfig, estimate=kn.estimate_kn, save_model=kn.save_kn, load_model=kn.load_kn,
@@ -124,11 +150,15 @@ FAMILIES: dict[str, NeuralFamily | CountFamily] = {
         summary="Elman RNN LM (Mikolov et al. 2011): truncated BPTT, class-factorised output",
         config=RNNConfig, build=build_rnn, batches=rnn_batches, step=tbptt_step,
     ),
+    "mix": MixtureFamily(
+        summary="linear interpolation of saved models (rnnlm-extensions.txt); built by `seqlm interpolate`",
+        config=MixtureConfig, save_model=save_mixture, load_model=load_mixture,
+    ),
 }
 DEFAULT_FAMILY = "fnn"  # what `seqlm train` with no --model trains: moves to the best family as they land
 
 
-def family(name: str) -> NeuralFamily | CountFamily:
+def family(name: str) -> Family:
     if name not in FAMILIES:
         raise SeqlmError(f"unknown model family {name!r}; choose one of: {', '.join(FAMILIES)}")
     return FAMILIES[name]

@@ -112,6 +112,9 @@ def _gather_sentences(stream: TokenStream, order: np.ndarray, bos_id: int) -> tu
     return inputs, targets, resets
 
 
+GATHER_TOKENS = 1 << 20  # positions gathered at a time: the epoch's text is never laid out whole
+
+
 def packed_batches(
     stream: TokenStream,
     bos_id: int,
@@ -122,17 +125,30 @@ def packed_batches(
 ) -> Iterator[Batch]:
     """Shuffled sentences end to end, cut into (rows, batch_tokens) batches; the last one may be short.
 
-    `shard=(rank, world)` keeps every world-th batch for data-parallel training.
+    `shard=(rank, world)` keeps every world-th batch for data-parallel training. The packed text is
+    gathered from the (memory-mapped) ids a slice of about GATHER_TOKENS positions at a time, so
+    memory stays bounded however large the corpus: only the sentence order (8 bytes a sentence) is
+    held whole.
     """
     order = rng.permutation(stream.num_sentences) if rng is not None else np.arange(stream.num_sentences)
-    inputs, targets, resets = _gather_sentences(stream, order, bos_id)
+    lengths = np.diff(np.asarray(stream.starts))[order]  # (S,) in packed order
+    ends = np.cumsum(lengths)  # (S,) where each sentence ends in the packed text
+    total = int(ends[-1]) if len(ends) else 0
     step = batch_tokens * rows
     rank, world = shard
-    n_batches = (len(targets) + step - 1) // step
+    n_batches = (total + step - 1) // step
     n_batches -= n_batches % world if n_batches >= world else 0  # equal batch counts across ranks
-    for k in range(rank, n_batches, world):
-        sl = slice(k * step, (k + 1) * step)
-        yield _as_batch(inputs[sl], targets[sl], resets[sl], rows, batch_tokens)
+    per_gather = max(1, GATHER_TOKENS // step) * step  # whole batches per slice
+    for lo in range(0, n_batches * step, per_gather):
+        hi = min(lo + per_gather, n_batches * step, total)
+        first = int(np.searchsorted(ends, lo, side="right"))  # sentences overlapping [lo, hi)
+        last = int(np.searchsorted(ends, hi, side="left")) + 1
+        inputs, targets, resets = _gather_sentences(stream, order[first:last], bos_id)
+        off = lo - (int(ends[first - 1]) if first else 0)  # [lo, hi) inside the gathered sentences
+        for k in range(lo // step, (hi + step - 1) // step):
+            if k % world == rank:
+                sl = slice(off + k * step - lo, off + min((k + 1) * step, hi) - lo)
+                yield _as_batch(inputs[sl], targets[sl], resets[sl], rows, batch_tokens)
 
 
 def _as_batch(inp: np.ndarray, tgt: np.ndarray, rst: np.ndarray, rows: int, width: int) -> Batch:
@@ -158,22 +174,26 @@ def stream_batches(
     """The text in order as `batch_size` parallel streams, in chunks of `bptt` steps (for TBPTT).
 
     Row r of chunk k continues row r of chunk k-1, so a model may carry its state between calls.
+    Each chunk is read straight from the (memory-mapped) ids: memory is one chunk, not the text.
     """
-    order = np.arange(stream.num_sentences)
-    inputs, targets, resets = _gather_sentences(stream, order, bos_id)
-    if not reset_at_sentences:
-        inputs = np.concatenate([[bos_id], targets[:-1]])  # the stream reads </s> as the next context
-        resets = np.zeros_like(resets)
+    ids, starts = stream.ids, np.asarray(stream.starts)
+    n = len(ids)
     rank, world = shard
-    per_row = len(targets) // (batch_size * world)
+    per_row = n // (batch_size * world)
     if per_row == 0:
-        batch_size, per_row = 1, len(targets) // world
-    lo = rank * batch_size * per_row
-    view = slice(lo, lo + batch_size * per_row)
-    inp, tgt, rst = (a[view].reshape(batch_size, per_row) for a in (inputs, targets, resets))
-    rst[:, 0] = True  # every row begins from a fresh state
+        batch_size, per_row = 1, n // world
+    row_start = rank * batch_size * per_row + np.arange(batch_size) * per_row  # (B,) text offset of each row
     for t0 in range(0, per_row, bptt):
-        sl = (slice(None), slice(t0, t0 + bptt))
-        mask = np.ones_like(tgt[sl], dtype=bool)
-        arrs = (inp[sl], tgt[sl], mask, rst[sl])
+        pos = row_start[:, None] + np.arange(t0, min(t0 + bptt, per_row))  # (B, T) text positions
+        tgt = np.asarray(ids[pos], dtype=np.int64)
+        prev = np.asarray(ids[np.maximum(pos - 1, 0)], dtype=np.int64)
+        if reset_at_sentences:
+            rst = starts[np.searchsorted(starts, pos)] == pos  # a sentence starts here
+            inp = np.where(rst, bos_id, prev)
+        else:  # the stream reads </s> as the next context
+            rst = np.zeros(pos.shape, dtype=bool)
+            inp = np.where(pos == 0, bos_id, prev)
+        if t0 == 0:
+            rst[:, 0] = True  # every row begins from a fresh state
+        arrs = (inp, tgt, np.ones(pos.shape, dtype=bool), rst)
         yield Batch(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrs))

@@ -8,14 +8,17 @@ of sentence i (`starts[-1] == len(ids)`).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import os
 import re
+import shutil
+import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +41,15 @@ def tokenize_raw(line: str) -> list[list[str]]:
 
 
 def _open_binary(path: Path) -> io.BufferedIOBase:
+    if str(path) == "-":
+        return open(sys.stdin.fileno(), "rb", closefd=False)
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _check_readable(path: Path) -> None:
+    """Regular files, pipes (`<(...)`) and `-` (standard input) are all fine; directories are not."""
+    if str(path) != "-" and (not path.exists() or path.is_dir()):
+        raise SeqlmError(f"{path}: no such file")
 
 
 def read_sentences(path: str | Path, raw: bool = False) -> Iterator[list[str]]:
@@ -47,8 +58,7 @@ def read_sentences(path: str | Path, raw: bool = False) -> Iterator[list[str]]:
     Lines are decoded one at a time so that an encoding error reports its own line number.
     """
     path = Path(path)
-    if not path.is_file():
-        raise SeqlmError(f"{path}: no such file")
+    _check_readable(path)
     try:
         with _open_binary(path) as f:
             for lineno, data in enumerate(f, 1):
@@ -109,58 +119,154 @@ def _cache_key(path: Path, vocab: Vocab, raw: bool) -> str:
     return h.hexdigest()[:20]
 
 
-def _write_npy_from_raw(raw_path: Path, out_path: Path, dtype: np.dtype, count: int) -> None:
-    """Turn a raw binary file into an .npy file without loading it (bounded memory)."""
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (count,)}
-    tmp = out_path.with_suffix(".tmp")
+_CHUNK = 1 << 16  # ids buffered in Python lists between writes: a few MB, whatever the corpus size
+_ARRAY_CHUNK = 1 << 20  # ids per numpy pass over a raw file: 4 MB int32 (8 MB as int64 temporaries)
+
+
+def _write_npy_from_raw(raw_path: Path, out_path: Path, dtype: np.dtype, count: int,
+                        lut: np.ndarray | None = None) -> None:
+    """Turn a raw binary file into an .npy file without loading it (bounded memory).
+
+    `lut` (optional) maps every value on the way through. The temporary file lives next to `raw_path`
+    (a private work directory): data-parallel ranks encode the same file at once, and a shared
+    temporary name would let one rank truncate the file another is still writing.
+    """
+    dtype = np.dtype(dtype)
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (count,)}
+    tmp = raw_path.with_suffix(".npy.tmp")
     with open(tmp, "wb") as out, open(raw_path, "rb") as src:
         np.lib.format.write_array_header_1_0(out, header)
-        while chunk := src.read(1 << 24):
-            out.write(chunk)
+        while len(chunk := np.fromfile(src, dtype=dtype, count=_ARRAY_CHUNK)):
+            out.write((chunk if lut is None else lut[chunk].astype(dtype, copy=False)).tobytes())
     os.replace(tmp, out_path)
+
+
+def _write_ids(sentences: Iterator[list[str]], encode: Callable[[list[str]], list[int]], eos: int,
+               work: Path) -> int:
+    """Encode sentences into work/ids.raw (int32, `eos` after each) and work/starts.raw (int64), in chunks.
+
+    Neither the ids nor the sentence offsets are ever held whole: memory is bounded by the longest line.
+    Returns the number of ids written.
+    """
+    n_tok = 0
+    ids: list[int] = []
+    starts: list[int] = [0]
+    with open(work / "ids.raw", "wb") as f_ids, open(work / "starts.raw", "wb") as f_starts:
+        for sent in sentences:
+            ids.extend(encode(sent))
+            ids.append(eos)
+            n_tok += len(sent) + 1
+            starts.append(n_tok)
+            if len(ids) >= _CHUNK:
+                f_ids.write(np.asarray(ids, dtype=np.int32).tobytes())
+                f_starts.write(np.asarray(starts, dtype=np.int64).tobytes())
+                ids.clear()
+                starts.clear()
+        f_ids.write(np.asarray(ids, dtype=np.int32).tobytes())
+        f_starts.write(np.asarray(starts, dtype=np.int64).tobytes())
+    return n_tok
+
+
+def _workdir(cdir: Path) -> tuple[Path, bool]:
+    """A private scratch directory in the cache (same file system, so renames are atomic), else in /tmp."""
+    try:
+        cdir.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=cdir)), True
+    except OSError:
+        return Path(tempfile.mkdtemp()), False
+
+
+def _finish(work: Path, n_tok: int, paths: tuple[Path, Path] | None) -> TokenStream:
+    """Turn work/ids.raw and work/starts.raw into the cached, memory-mapped pair (or in-memory arrays)."""
+    if paths is None:
+        return TokenStream(np.fromfile(work / "ids.raw", dtype=np.int32),
+                           np.fromfile(work / "starts.raw", dtype=np.int64))
+    ids_path, starts_path = paths
+    n_sent = (work / "starts.raw").stat().st_size // 8 - 1
+    _write_npy_from_raw(work / "ids.raw", ids_path, np.int32, n_tok)
+    _write_npy_from_raw(work / "starts.raw", starts_path, np.int64, n_sent + 1)
+    return TokenStream(np.load(ids_path, mmap_mode="r"), np.load(starts_path, mmap_mode="r"))
+
+
+def _cache_paths(path: Path, vocab: Vocab, raw: bool) -> tuple[Path, Path]:
+    key = _cache_key(path, vocab, raw)
+    cdir = cache_dir() / "ids"
+    return cdir / f"{key}.ids.npy", cdir / f"{key}.starts.npy"
+
+
+def _empty(path: Path) -> SeqlmError:
+    return SeqlmError(f"{path}: no sentences (the file is empty or blank); give a file with text in it")
 
 
 def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bool = True) -> TokenStream:
     """Encode a text file with `vocab`, streaming, and cache the ids as memory-mapped .npy arrays."""
     path = Path(path)
-    if not path.is_file():
-        raise SeqlmError(f"{path}: no such file")
-    key = _cache_key(path, vocab, raw)
-    cdir = cache_dir() / "ids"
-    ids_path, starts_path = cdir / f"{key}.ids.npy", cdir / f"{key}.starts.npy"
+    _check_readable(path)
+    use_cache = use_cache and path.is_file()  # a pipe or stdin can be read only once: never cached
+    ids_path, starts_path = _cache_paths(path, vocab, raw) if use_cache else (cache_dir() / "ids" / "-", None)
     if use_cache and ids_path.exists() and starts_path.exists():
         return TokenStream(np.load(ids_path, mmap_mode="r"), np.load(starts_path, mmap_mode="r"))
+    work, cached = _workdir(ids_path.parent)
     try:
-        cdir.mkdir(parents=True, exist_ok=True)
-        workdir = tempfile.mkdtemp(dir=cdir)
-    except OSError:
-        use_cache, workdir = False, tempfile.mkdtemp()
-    work = Path(workdir)
-    n_tok = 0
-    starts = [0]
-    buf: list[int] = []
-    eos = vocab.eos_id
-    with open(work / "ids.raw", "wb") as f:
-        for sent in read_sentences(path, raw):
-            buf.extend(vocab.encode(sent))
-            buf.append(eos)
-            n_tok += len(sent) + 1
-            starts.append(n_tok)
-            if len(buf) >= 1 << 20:
-                f.write(np.asarray(buf, dtype=np.int32).tobytes())
-                buf.clear()
-        f.write(np.asarray(buf, dtype=np.int32).tobytes())
-    if n_tok == 0:
-        raise SeqlmError(f"{path}: no sentences (the file is empty or blank); give a file with text in it")
-    if not use_cache:
-        ids = np.fromfile(work / "ids.raw", dtype=np.int32)
-        return TokenStream(ids, np.asarray(starts, dtype=np.int64))
-    _write_npy_from_raw(work / "ids.raw", ids_path, np.int32, n_tok)
-    np.save(work / "starts.npy", np.asarray(starts, dtype=np.int64))
-    os.replace(work / "starts.npy", starts_path)
-    (work / "ids.raw").unlink()
-    work.rmdir()
-    return TokenStream(np.load(ids_path, mmap_mode="r"), np.load(starts_path, mmap_mode="r"))
+        n_tok = _write_ids(read_sentences(path, raw), vocab.encode, vocab.eos_id, work)
+        if n_tok == 0:
+            raise _empty(path)
+        return _finish(work, n_tok, (ids_path, starts_path) if use_cache and cached else None)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = None, min_count: int = 1) -> Vocab:
+    """The training vocabulary, built in one streaming pass that also leaves the encoded text in the cache.
+
+    Words get provisional ids in order of first appearance while the text streams to disk; their counts
+    come from the ids on disk; once the vocabulary is known (Vocab.build: frequency order), one cheap
+    array pass maps the provisional ids to the final ones, into the cache entry `encode_file(path,
+    vocab)` then opens without reading the text again. Memory is bounded by the vocabulary and the
+    longest line, not the corpus. Same result as `Vocab.build(count_words(path), ...)`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SeqlmError(f"{path}: no such file (the training text must be a regular file)")
+    st = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{raw}|{max_vocab}|{min_count}|v1".encode())
+    cached_vocab = cache_dir() / "ids" / f"{key.hexdigest()[:20]}.vocab.txt"
+    if cached_vocab.is_file():  # e.g. built by `train --nproc` before it started the workers
+        with contextlib.suppress(SeqlmError):
+            return Vocab.load(cached_vocab)
+    prov: dict[str, int] = {EOS: 0}  # provisional ids; a literal </s> in the text is the sentence end
+
+    def encode(sent: list[str]) -> list[int]:
+        return [prov.setdefault(w, len(prov)) for w in sent]
+
+    work, cached = _workdir(cache_dir() / "ids")
+    try:
+        n_tok = _write_ids(read_sentences(path, raw), encode, 0, work)
+        if n_tok == 0:
+            raise _empty(path)
+        counts = np.zeros(len(prov), dtype=np.int64)
+        with open(work / "ids.raw", "rb") as f:
+            while len(chunk := np.fromfile(f, dtype=np.int32, count=_ARRAY_CHUNK)):
+                counts += np.bincount(chunk, minlength=len(prov))
+        # Insertion order is first appearance, as in count_words, so ties in Vocab.build break alike.
+        vocab = Vocab.build(Counter(dict(zip(prov, counts.tolist(), strict=True))), max_vocab, min_count)
+        if cached:
+            lut = np.fromiter((vocab.id(w) for w in prov), dtype=np.int32, count=len(prov))
+            ids_path, starts_path = _cache_paths(path, vocab, raw)
+            _write_npy_from_raw(work / "ids.raw", ids_path, np.int32, n_tok, lut)
+            n_sent = (work / "starts.raw").stat().st_size // 8 - 1
+            _write_npy_from_raw(work / "starts.raw", starts_path, np.int64, n_sent + 1)
+            vocab.save(cached_vocab)
+        return vocab
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def build_vocab_and_encode(path: str | Path, raw: bool = False, max_vocab: int | None = None,
+                           min_count: int = 1) -> tuple[Vocab, TokenStream]:
+    """`build_vocab` and the encoded (memory-mapped) training text: one pass over the file."""
+    vocab = build_vocab(path, raw, max_vocab, min_count)
+    return vocab, encode_file(path, vocab, raw)
 
 
 def encode_sentences(sentences: list[list[str]], vocab: Vocab) -> TokenStream:

@@ -46,6 +46,8 @@ def model_device(model: LanguageModel) -> torch.device:
 def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = False,
                  max_tokens: int = 4096) -> Scores:
     """ln p of every token of `stream` under `model` (sentence-independent unless stream_mode)."""
+    if hasattr(model, "score_text"):  # a model that scores text its own way (a mixture: each component's mode)
+        return Scores(model.score_text(stream, stream_mode, max_tokens), stream)
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
@@ -75,7 +77,8 @@ def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = 
 
 
 def can_stream(model: LanguageModel) -> bool:
-    return isinstance(model, StreamingModel)
+    """A StreamingModel, or a model that says it can (a mixture with a recurrent component)."""
+    return isinstance(model, StreamingModel) or bool(getattr(model, "can_stream", False))
 
 
 def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> dict:

@@ -20,12 +20,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from safetensors import safe_open
-
-from seqlm.checkpoint import load_tensors, save_tensors
+from seqlm.checkpoint import atomic_write_text, load_tensors, save_tensors
 from seqlm.config import TrainConfig
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
@@ -37,10 +36,6 @@ from seqlm.train.steps import StepFn
 
 RESUME = "resume"  # sub-directory with the last epoch's full training state
 Batches = Callable[[TokenStream, np.random.Generator, tuple[int, int]], Iterator[Batch]]
-
-
-class NonFiniteLoss(Exception):
-    pass
 
 
 def resolve_device(name: str) -> torch.device:
@@ -91,39 +86,58 @@ def fit(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
+    ctx = dist.setup(resolve_device(cfg.device))
+    device = ctx.device  # under torchrun on GPUs: this rank's own GPU
     model.to(device)
-    ctx = dist.setup(model, device)
     net = ctx.wrap(model)
     opt = make_optimizer(model, cfg)
+    clean = False
+    try:
+        history = _epochs(model, net, opt, step, batches, train, valid, cfg, out, save_best, resume,
+                          session_minutes, ctx, device)
+        clean = True
+    except SeqlmError as e:
+        clean = True  # raised on every rank alike (the non-finite decision is agreed): a clean exit is safe
+        raise e.with_traceback(None) from None  # drop the frame of _epochs: it holds the DDP wrapper
+    finally:
+        del net, opt  # the gloo teardown trap: no DDP reducer may outlive the process group (Context.finish)
+        ctx.finish(clean)
+    return history
+
+
+def _epochs(model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer, step: StepFn, batches: Batches,
+            train: TokenStream, valid: TokenStream, cfg: TrainConfig, out: Path,
+            save_best: Callable[[nn.Module], None], resume: bool, session_minutes: float, ctx: dist.Context,
+            device: torch.device) -> list[dict]:
     sched = NewBob(cfg.lr, cfg.min_improvement, cfg.halving_epochs)
     history: list[dict] = []
     first_epoch = 1
     if resume:
         first_epoch, history = _load_resume(out, model, opt, sched)
+        if ctx.is_main:  # drop rows of an epoch that was logged but not checkpointed before a crash
+            atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in history))
     t_start = time.time() - (history[-1]["wall_seconds"] if history else 0.0)
     deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     session_end = time.time() + session_minutes * 60 if session_minutes else math.inf
     for epoch in range(first_epoch, cfg.max_epochs + 1):
-        if sched.done or time.time() >= min(deadline, session_end):
+        if sched.done or ctx.agree(time.time() >= min(deadline, session_end))[0]:
             break
         good = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
         for retry in range(cfg.max_nan_retries + 1):
             rng = np.random.default_rng([cfg.seed, epoch])  # the data order depends on seed and epoch only
-            try:
-                prog = _run_epoch(net, step, batches(train, rng, ctx.shard), opt, cfg, device, autocast,
-                                  deadline, f"epoch {epoch}", ctx)
+            prog = _run_epoch(net, step, batches(train, rng, ctx.shard), opt, cfg, device, autocast,
+                              deadline, f"epoch {epoch}", ctx)
+            if prog is not None:
                 break
-            except NonFiniteLoss:
-                if retry == cfg.max_nan_retries:
-                    raise SeqlmError(f"loss became NaN/inf {retry + 1} times in epoch {epoch}; "
-                                     "lower --lr or set --clip (e.g. --clip 1.0)") from None
-                model.load_state_dict(good[0])
-                opt.load_state_dict(good[1])
-                sched.lr /= 2
-                _set_lr(opt, sched.lr)
-                ctx.log(f"seqlm: non-finite loss in epoch {epoch}; restored the last good state, lr -> {sched.lr:g}")
+            if retry == cfg.max_nan_retries:
+                raise SeqlmError(f"loss became NaN/inf {retry + 1} times in epoch {epoch} (lr halved each time, "
+                                 f"down to {sched.lr:g}); lower --lr or set --clip (e.g. --clip 1.0)")
+            model.load_state_dict(good[0])
+            opt.load_state_dict(good[1])
+            sched.lr /= 2
+            _set_lr(opt, sched.lr)
+            ctx.log(f"seqlm: non-finite loss in epoch {epoch}; restored the last good state, lr -> {sched.lr:g}")
         lr_used = sched.lr
         valid_ppl = evaluate(model, valid, max_tokens=cfg.eval_tokens)["ppl"]
         improved = valid_ppl < sched.best
@@ -143,7 +157,6 @@ def fit(
                 save_best(model)
             _save_resume(out, model, opt, sched, epoch, history)
         ctx.barrier()
-    ctx.finish()
     return history
 
 
@@ -152,7 +165,8 @@ def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr
 
 
-def _run_epoch(net, step, batches, opt, cfg, device, autocast, deadline, desc, ctx) -> Progress:
+def _run_epoch(net, step, batches, opt, cfg, device, autocast, deadline, desc, ctx) -> Progress | None:
+    """One pass over this rank's batches; None if the loss became NaN/inf (on any rank)."""
     net.train()
     prog = Progress()
     t0 = time.time()
@@ -160,11 +174,22 @@ def _run_epoch(net, step, batches, opt, cfg, device, autocast, deadline, desc, c
     next_log = 60.0
     bar = tqdm(batches, desc=desc, unit="batch", leave=False, disable=None if ctx.is_main else True,
                file=sys.stderr, mininterval=1.0)
-    for batch in bar:
-        with autocast:
-            loss, state, n = step(net, batch.to(device), state)
-        if not torch.isfinite(loss):
-            raise NonFiniteLoss
+    it = iter(bar)
+    while True:
+        batch = next(it, None)
+        loss = None
+        if batch is not None:
+            with autocast:
+                loss, state, n = step(net, batch.to(device), state)
+        # Decided together, so the ranks stay in step: all stop when any runs out of batches (shards
+        # may differ by one) or of time, and all restart the epoch when any sees a non-finite loss.
+        ended, bad, late = ctx.agree(batch is None, loss is not None and not bool(torch.isfinite(loss)),
+                                     time.time() >= deadline)
+        if bad:
+            bar.close()
+            return None
+        if ended:
+            break
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.clip:
@@ -178,7 +203,7 @@ def _run_epoch(net, step, batches, opt, cfg, device, autocast, deadline, desc, c
             next_log += 60
             ctx.log(f"{desc}: {prog.tokens} tokens, running ppl {prog.ppl:.2f}, "
                     f"{prog.tokens / max(prog.seconds, 1e-9):.0f} tok/s")
-        if time.time() >= deadline:
+        if late:
             break
     bar.close()
     return prog

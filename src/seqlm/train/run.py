@@ -8,24 +8,26 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import torch
+
 from seqlm import checkpoint as ckpt
 from seqlm.config import DataConfig, apply_overrides, from_dict, load_yaml, parse_overrides
-from seqlm.data.corpus import count_words, encode_file
+from seqlm.data.corpus import build_vocab, encode_file
 from seqlm.data.datasets import resolve_corpus, split_path
 from seqlm.data.vocab import Vocab
-from seqlm.errors import SeqlmError
+from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 from seqlm.eval.perplexity import evaluate
-from seqlm.registry import DEFAULT_FAMILY, Splits, family, new_model
+from seqlm.registry import DEFAULT_FAMILY, CountFamily, Splits, family, new_model
 
 
 def _configs(name: str, out: Path, config_file: str | None, rest: list[str], resume: bool):
     fam = family(name)
     if resume:
+        if not (out / ckpt.CONFIG).exists():
+            raise SeqlmError(f"{out}: nothing to resume (no model there yet); train without --resume")
         meta = ckpt.read_json(out / ckpt.CONFIG, "config.json")
         if meta.get("family") != name:
             raise SeqlmError(f"{out} holds a {meta.get('family')!r} model; resume it with --model {meta.get('family')}")
@@ -42,18 +44,31 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
                    resume: bool = False, nproc: int = 1, session_minutes: float = 0.0) -> dict:
     name = name or DEFAULT_FAMILY
     out_dir = Path(out or f"runs/{name}")
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return _spawn(nproc)
+    if nproc < 1:
+        raise SeqlmError(f"--nproc must be at least 1, got {nproc}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SeqlmError(f"--out {out_dir} is a file; give a directory for the model")
     if not resume and (out_dir / ckpt.CONFIG).exists():
         raise SeqlmError(f"{out_dir} already holds a model; use --resume to continue it or choose another --out")
-    cfg, data_cfg = _configs(name, out_dir, config_file, rest, resume)
+    cfg, data_cfg = _configs(name, out_dir, config_file, rest, resume)  # every flag checked before any work
     corpus = resolve_corpus(data)
+    spawn = nproc > 1 and "WORLD_SIZE" not in os.environ
+    if spawn:
+        _check_parallel(name, nproc, cfg)
     if resume:
         vocab = Vocab.load(out_dir / ckpt.VOCAB)
-    else:
-        counts = count_words(split_path(corpus, "train"), data_cfg.raw)
-        vocab = Vocab.build(counts, data_cfg.max_vocab, data_cfg.min_count)
-    splits = Splits(*(encode_file(split_path(corpus, s), vocab, data_cfg.raw) for s in ("train", "valid")))
+    else:  # one streaming pass: counts and ids together (the ids land in the cache encode_file reads)
+        vocab = build_vocab(split_path(corpus, "train"), data_cfg.raw, data_cfg.max_vocab, data_cfg.min_count)
+    # Every split is read (and cached) now: a bad test file fails before training, not after it, and
+    # `--nproc` workers find the vocabulary and the ids cached instead of each reading the corpus again.
+    train, valid, _ = (encode_file(split_path(corpus, s), vocab, data_cfg.raw) for s in ("train", "valid", "test"))
+    if spawn:
+        argv = ["train", "--model", name, "--data", data, "--out", str(out_dir), *rest]
+        argv += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
+        return _spawn(nproc, argv, out_dir)
+    splits = Splits(train, valid)
+    if hasattr(cfg, "train"):
+        torch.manual_seed(cfg.train.seed)  # the initial weights too depend on --seed only (reproducible runs)
     model = new_model(name, cfg, vocab)
     model.data_config = data_cfg
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -85,16 +100,55 @@ def _final_report(name: str, out_dir: Path, corpus: Path, data_cfg: DataConfig, 
     return result
 
 
-def _spawn(nproc: int) -> dict:
-    """`seqlm train --nproc N ...` re-launches itself under torchrun with N workers."""
-    argv = [a for a in sys.argv[1:]]
-    if "--nproc" in argv:
-        i = argv.index("--nproc")
-        del argv[i : i + 2]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "seqlm", *argv]
-    proc = subprocess.run(cmd, check=False)
-    if proc.returncode != 0:
-        raise SeqlmError(f"distributed training failed (torchrun exit status {proc.returncode})")
-    out = argv[argv.index("--out") + 1] if "--out" in argv else None
-    return json.loads(Path(out, "results.json").read_text()) if out else {}
+def _check_parallel(name: str, nproc: int, cfg) -> None:
+    """Refuse --nproc where it cannot work, before any worker starts."""
+    if isinstance(family(name), CountFamily):
+        raise SeqlmError(f"--nproc: {name} is estimated in one process, not trained; drop --nproc")
+    device = cfg.train.device
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        if nproc > torch.cuda.device_count():
+            raise SeqlmError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPU(s) here; use --nproc "
+                             f"{torch.cuda.device_count()} or --device cpu")
+
+
+def _spawn(nproc: int, argv: list[str], out_dir: Path) -> dict:
+    """`seqlm train --nproc N ...`: the same command under torchrun, N workers on this machine.
+
+    torchrun runs inside this process, so the launcher's own traceback and log lines do not bury what
+    the workers say. A worker's user error (SeqlmError) goes to a file (see seqlm.cli.main) and is
+    reported here once instead of once per rank. The workers' stdout (rank 0's result line) goes to
+    torchrun's log files: this process prints the result.
+    """
+    import logging
+    import shutil
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args
+    from torch.distributed.run import run as torchrun
+
+    scratch = Path(tempfile.mkdtemp(prefix="seqlm-nproc-"))
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", ERROR_DIR_ENV)}
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, without its banner
+    os.environ[ERROR_DIR_ENV] = str(scratch)
+    args = parse_args(["--standalone", f"--nproc_per_node={nproc}", "--log-dir", str(scratch / "logs"),
+                       "--redirects", "1", "-m", "seqlm", *argv])
+    logging.disable(logging.ERROR)
+    try:
+        torchrun(args)
+    except ChildFailedError as e:
+        errors = sorted({p.read_text(encoding="utf-8").strip() for p in scratch.glob("rank*.err")})
+        if errors:
+            raise SeqlmError(" | ".join(errors)) from None
+        codes = sorted({f.exitcode for f in e.failures.values()})
+        raise SeqlmError(f"distributed training failed (worker exit status {codes}); see the messages above, "
+                         "or run without --nproc to see the problem in one process") from None
+    finally:
+        logging.disable(logging.NOTSET)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(scratch, ignore_errors=True)
+    return json.loads((out_dir / "results.json").read_text(encoding="utf-8"))

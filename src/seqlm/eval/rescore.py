@@ -1,0 +1,218 @@
+"""`seqlm rescore`: n-best rescoring with any model (the paper's use of an RNN LM in speech recognition).
+
+Input, Kaldi style: a text file of hypotheses, one per line, `uttid-N word word ...` (N = 1, 2, ...
+within an utterance; the utterance id may itself contain '-'), with the acoustic and old LM scores
+in companion files of `uttid-N score` lines; or one TSV file with columns key, acoustic, lm, text
+(an optional first line starting with `key` is a header).
+
+Score convention: every score is a natural-log likelihood, higher is better, unless `costs=True`
+(`--costs`), which reads and writes costs = negative natural-log likelihoods, lower is better, as
+Kaldi's n-best files store them (nbest-to-linear's ac/lm cost files). The new LM score is
+ln P(w_1 .. w_n </s> | <s>) from the model, sentence by sentence (no history across hypotheses).
+
+    lm    = new_lm                              (or (1 - W) new_lm + W old_lm with --interpolate-old W)
+    total = acoustic + lm_weight * lm - word_penalty * n_words
+
+The best hypothesis of an utterance has the highest total (the lowest total cost); ties go to the
+one listed first. All hypotheses are scored in one batched pass (`score_tokens`), not one at a time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seqlm import checkpoint as ckpt
+from seqlm.data.corpus import encode_sentences
+from seqlm.errors import SeqlmError
+from seqlm.eval.perplexity import score_tokens
+from seqlm.protocol import LanguageModel
+
+_KEY = re.compile(r"^(.+)-(\d+)$")  # uttid-N
+
+
+@dataclass
+class NBest:
+    """Hypotheses in file order, with their scores as log-likelihoods (whatever the file convention)."""
+
+    keys: list[str]  # (H,) uttid-N
+    sentences: list[list[str]]  # (H,) words
+    acoustic: np.ndarray  # (H,) float64
+    old_lm: np.ndarray  # (H,) float64, nan where no old LM score was given
+
+    def utterance(self, i: int) -> str:
+        return _KEY.match(self.keys[i]).group(1)  # type: ignore[union-attr]
+
+
+@dataclass
+class Rescored:
+    nbest: NBest
+    new_lm: np.ndarray  # (H,) ln P(hypothesis </s>) under the model
+    total: np.ndarray  # (H,) combined score, higher is better
+    best: list[int]  # index of the best hypothesis of each utterance, in order of first appearance
+
+
+def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 file (.gz ok); blank lines skipped; errors name file:line."""
+    path = Path(path)
+    if not path.is_file():
+        raise SeqlmError(f"{path}: no such file")
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+            for n, data in enumerate(f, 1):
+                try:
+                    line = data.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as e:
+                    raise SeqlmError(f"{path}:{n}: invalid UTF-8 ({e.reason}); convert the file to UTF-8") from None
+                if line.strip():
+                    yield n, line
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise SeqlmError(f"{path}: cannot read ({e})") from None
+
+
+def _key(path: str | Path, n: int, key: str) -> str:
+    if not _KEY.match(key):
+        raise SeqlmError(f"{path}:{n}: hypothesis key {key!r} is not uttid-N (e.g. utt1-3)")
+    return key
+
+
+def _number(path: str | Path, n: int, text: str, what: str, costs: bool) -> float:
+    """A score as a log-likelihood: negated when the file holds costs."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise SeqlmError(f"{path}:{n}: {what} {text!r} is not a finite number")
+    return -x if costs else x
+
+
+def _scores(path: str | Path, keys: list[str], what: str, costs: bool) -> np.ndarray:
+    """(H,) the `uttid-N score` lines of `path`, in the order of `keys`; every key exactly once."""
+    index = {k: i for i, k in enumerate(keys)}
+    out = np.full(len(keys), np.nan)
+    for n, line in _lines(path):
+        fields = line.split()
+        if len(fields) != 2:
+            raise SeqlmError(f"{path}:{n}: expected 'uttid-N {what}', got {len(fields)} fields")
+        key = _key(path, n, fields[0])
+        if key not in index:
+            raise SeqlmError(f"{path}:{n}: {key} is not in the n-best list")
+        if not math.isnan(out[index[key]]):
+            raise SeqlmError(f"{path}:{n}: {key} appears twice")
+        out[index[key]] = _number(path, n, fields[1], what, costs)
+    missing = [k for k, v in zip(keys, out, strict=True) if math.isnan(v)]
+    if missing:
+        raise SeqlmError(f"{path}: no {what} for {missing[0]} (and {len(missing) - 1} more hypotheses)")
+    return out
+
+
+def _check_new(path: str | Path, n: int, key: str, seen: set[str]) -> None:
+    if key in seen:
+        raise SeqlmError(f"{path}:{n}: {key} appears twice")
+    seen.add(key)
+
+
+def read_nbest(nbest: str | Path, acoustic: str | Path, lm_scores: str | Path | None = None,
+               costs: bool = False) -> NBest:
+    """A Kaldi-style n-best text file plus its acoustic (and, optionally, old LM) score files."""
+    keys, sentences, seen = [], [], set()
+    for n, line in _lines(nbest):
+        key, *words = line.split()
+        _check_new(nbest, n, _key(nbest, n, key), seen)
+        keys.append(key)
+        sentences.append(words)
+    if not keys:
+        raise SeqlmError(f"{nbest}: no hypotheses (the file is empty)")
+    ac = _scores(acoustic, keys, "acoustic score", costs)
+    old = _scores(lm_scores, keys, "LM score", costs) if lm_scores else np.full(len(keys), np.nan)
+    return NBest(keys, sentences, ac, old)
+
+
+def read_tsv(path: str | Path, costs: bool = False) -> NBest:
+    """One TSV file: key <TAB> acoustic <TAB> lm <TAB> text (an optional `key...` header line)."""
+    keys, sentences, ac, old, seen = [], [], [], [], set()
+    for n, line in _lines(path):
+        fields = line.split("\t")
+        if not keys and fields[0].strip().lower() == "key":
+            continue  # header
+        if len(fields) != 4:
+            raise SeqlmError(f"{path}:{n}: expected 4 tab-separated columns (key, acoustic, lm, text), "
+                             f"got {len(fields)}")
+        key = _key(path, n, fields[0].strip())
+        _check_new(path, n, key, seen)
+        keys.append(key)
+        ac.append(_number(path, n, fields[1], "acoustic score", costs))
+        old.append(_number(path, n, fields[2], "LM score", costs))
+        sentences.append(fields[3].split())
+    if not keys:
+        raise SeqlmError(f"{path}: no hypotheses (the file is empty)")
+    return NBest(keys, sentences, np.asarray(ac), np.asarray(old))
+
+
+def rescore(model: LanguageModel, nbest: NBest, lm_weight: float = 1.0, word_penalty: float = 0.0,
+            interpolate_old: float | None = None, max_tokens: int = 4096) -> Rescored:
+    """New LM scores for every hypothesis (one batched pass) and the combined totals (module docstring)."""
+    if interpolate_old is not None:
+        if not 0.0 <= interpolate_old <= 1.0:
+            raise SeqlmError(f"--interpolate-old must be between 0 and 1, got {interpolate_old}")
+        if np.isnan(nbest.old_lm).any():
+            raise SeqlmError("--interpolate-old needs the old LM scores: give --lm-scores FILE")
+    stream = encode_sentences(nbest.sentences, model.vocab)
+    new_lm = score_tokens(model, stream, max_tokens=max_tokens).sentence_totals()  # (H,)
+    lm = new_lm if interpolate_old is None else (1 - interpolate_old) * new_lm + interpolate_old * nbest.old_lm
+    n_words = np.array([len(s) for s in nbest.sentences], dtype=np.float64)  # (H,)
+    total = nbest.acoustic + lm_weight * lm - word_penalty * n_words  # (H,)
+    best: dict[str, int] = {}
+    for i in range(len(nbest.keys)):
+        utt = nbest.utterance(i)
+        if utt not in best or total[i] > total[best[utt]]:
+            best[utt] = i
+    return Rescored(nbest, new_lm, total, list(best.values()))
+
+
+def format_scores(r: Rescored, costs: bool = False) -> str:
+    """TSV with a header: key, acoustic, old_lm, new_lm, total (costs if `costs`)."""
+    sign = -1.0 if costs else 1.0
+    rows = ["key\tacoustic\told_lm\tnew_lm\ttotal"]
+    for i, key in enumerate(r.nbest.keys):
+        vals = (r.nbest.acoustic[i], r.nbest.old_lm[i], r.new_lm[i], r.total[i])
+        rows.append(key + "".join(f"\t{sign * v:.6f}" for v in vals))
+    return "\n".join(rows) + "\n"
+
+
+def format_best(r: Rescored) -> str:
+    """Kaldi `text` format: `uttid word word ...`, one line per utterance."""
+    return "".join(" ".join([r.nbest.utterance(i), *r.nbest.sentences[i]]) + "\n" for i in r.best)
+
+
+def rescore_files(model_dir: str | Path, nbest: str | None = None, tsv: str | None = None,
+                  acoustic: str | None = None, lm_scores: str | None = None, costs: bool = False,
+                  lm_weight: float = 1.0, word_penalty: float = 0.0, interpolate_old: float | None = None,
+                  out: str | None = None, best: str | None = None) -> Rescored:
+    """What `seqlm rescore` does: read, rescore, write the scores (stdout if no `out`) and the 1-best."""
+    import seqlm
+
+    if (nbest is None) == (tsv is None):
+        raise SeqlmError("give the hypotheses as --nbest FILE (with --acoustic FILE) or as --tsv FILE")
+    if tsv is not None and (acoustic or lm_scores):
+        raise SeqlmError("--acoustic and --lm-scores go with --nbest; a --tsv file has its own score columns")
+    if nbest is not None and acoustic is None:
+        raise SeqlmError("--nbest needs the acoustic scores: --acoustic FILE (lines 'uttid-N score')")
+    hyps = read_tsv(tsv, costs) if tsv is not None else read_nbest(nbest, acoustic, lm_scores, costs)
+    result = rescore(seqlm.load(model_dir), hyps, lm_weight, word_penalty, interpolate_old)
+    text = format_scores(result, costs)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        ckpt.atomic_write_text(out, text)
+    if best is not None:
+        ckpt.atomic_write_text(best, format_best(result))
+    return result

@@ -1,0 +1,237 @@
+"""Linear interpolation of saved language models (rnnlm-extensions.txt, 'Combination of models').
+
+    P(w | h) = sum_i lambda_i P_i(w | h),   lambda_i >= 0,  sum_i lambda_i = 1
+
+The paper combines several RNNs, and RNNs with the KN5 baseline, this way with equal weights; here
+the weights may also be estimated by EM on held-out text (`fit_weights`). A mixture is a model
+directory like any other (family `mix`, built by `seqlm interpolate`): its config.json lists the
+component models (directories or ARPA files, stored relative to the mixture directory so the whole
+tree can be moved) and their weights, and eval/score/generate/rescore use it through the protocol.
+
+Vocabularies may differ between components (an RNN's has no <s>, an ARPA model's does). The mixture
+reads text with the first component's vocabulary; every component sees each word through an id
+table (a word it does not know is its <unk>, exactly what scoring the text with it alone would give),
+and at a sentence start each component reads its own start symbol. `step` distributions sum to one
+when the components share their words; where they do not, a component's <unk> probability stands
+for every word it lacks, as in scoring.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from seqlm import checkpoint as ckpt
+from seqlm.data.corpus import TokenStream
+from seqlm.errors import SeqlmError
+from seqlm.eval.perplexity import can_stream, model_device, score_tokens
+from seqlm.protocol import Batch, LanguageModel
+
+NOT_TRAINED = ("a mixture is not trained: combine saved models with `seqlm interpolate MODEL_DIR... "
+               "--valid FILE --out DIR`")
+
+
+@dataclass
+class MixtureConfig:
+    components: list[str] = field(default_factory=list)  # model dirs / .arpa files, relative to the mixture dir
+    weights: list[float] = field(default_factory=list)  # lambda_i, one per component, summing to 1
+
+    def __post_init__(self) -> None:
+        self.components = [str(c) for c in self.components]
+        self.weights = [float(w) for w in self.weights]
+        if len(self.components) != len(self.weights):
+            raise SeqlmError(f"a mixture needs one weight per component: {len(self.components)} components, "
+                             f"{len(self.weights)} weights")
+        check_weights(self.weights)
+
+    @property
+    def train(self) -> Any:
+        """A mixture has no training settings; asking for them (seqlm train --model mix) says what to do instead."""
+        raise SeqlmError(NOT_TRAINED)
+
+
+def check_weights(weights: Sequence[float]) -> np.ndarray:
+    """The weights as a (K,) array; they must be finite, non-negative and sum to 1 (to rounding)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if len(w) and (not np.all(np.isfinite(w)) or np.any(w < 0) or abs(w.sum() - 1.0) > 1e-6):
+        raise SeqlmError(f"mixture weights must be non-negative and sum to 1, got {list(map(float, w))}")
+    return w
+
+
+def mix_logp(per_component: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(N,) ln sum_i lambda_i p_i from (K, N) component log-probabilities, in log space (no underflow)."""
+    with np.errstate(divide="ignore"):  # a zero weight is a -inf log weight: that component drops out
+        log_w = np.log(np.asarray(weights, dtype=np.float64))  # (K,)
+    return np.logaddexp.reduce(per_component + log_w[:, None], axis=0)  # (N,)
+
+
+def fit_weights(per_component_logp: np.ndarray, iters: int = 50, tol: float = 1e-7) -> np.ndarray:
+    """Interpolation weights maximising the likelihood of held-out text: EM for mixture weights.
+
+    E-step: each token's posterior over components, r_ik = lambda_i p_ik / sum_j lambda_j p_jk;
+    M-step: lambda_i = mean_k r_ik. The held-out log-likelihood never decreases; we stop after
+    `iters` rounds or when the mean ln p per token improves by less than `tol`. Everything is done
+    with log-probabilities, so components that give a token (almost) zero probability are fine;
+    tokens no component can predict at all are left out.
+    """
+    logp = np.asarray(per_component_logp, dtype=np.float64)  # (K, N)
+    if logp.ndim != 2 or logp.shape[0] == 0 or logp.shape[1] == 0:
+        raise SeqlmError("fit_weights needs the log-probabilities of at least one token under each component")
+    logp = logp[:, np.isfinite(np.logaddexp.reduce(logp, axis=0))]  # (K, N') tokens someone predicts
+    if logp.shape[1] == 0:
+        raise SeqlmError("no component gives any held-out token a non-zero probability")
+    K = logp.shape[0]
+    weights = np.full(K, 1.0 / K)
+    previous = -math.inf
+    for _ in range(iters):
+        with np.errstate(divide="ignore"):
+            joint = logp + np.log(weights)[:, None]  # (K, N') ln lambda_i p_ik
+        total = np.logaddexp.reduce(joint, axis=0)  # (N',) ln of the mixture
+        weights = np.exp(joint - total).mean(axis=1)  # (K,) mean posterior responsibility
+        weights /= weights.sum()
+        mean_ll = float(total.mean())
+        if mean_ll - previous < tol:
+            break
+        previous = mean_ll
+    return weights
+
+
+class MixtureModel:
+    """Per-token linear interpolation of K models behind the LanguageModel protocol.
+
+    `paths` says where each component was loaded from, so that the mixture can be saved (see
+    `save_mixture`); `tables[i]` maps the mixture's ids to component i's.
+    """
+
+    family = "mix"
+
+    def __init__(self, components: Sequence[LanguageModel], weights: Sequence[float],
+                 paths: Sequence[str | Path]):
+        if not components or len(components) != len(paths):
+            raise SeqlmError("a mixture needs at least one component, each with the path it was loaded from")
+        self.components = list(components)
+        self.paths = [Path(p).absolute() for p in paths]
+        self.vocab = self.components[0].vocab
+        self.tables = [torch.tensor([c.vocab.id(w) for w in self.vocab.itos], dtype=torch.long)  # (V,)
+                       for c in self.components]
+        self.training = False
+        self.set_weights(weights)
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        w = check_weights(weights)
+        if len(w) != len(self.components):
+            raise SeqlmError(f"{len(self.components)} components need {len(self.components)} weights, got {len(w)}")
+        self.weights = w  # (K,) float64
+        self.config = MixtureConfig([str(p) for p in self.paths], w.tolist())
+
+    @property
+    def can_stream(self) -> bool:
+        """True when some component can carry its history across sentences (the paper's RNN + KN5 setting)."""
+        return any(can_stream(c) for c in self.components)
+
+    def eval(self) -> MixtureModel:
+        for c in self.components:
+            if hasattr(c, "eval"):
+                c.eval()
+        return self
+
+    def _log_weights(self, device: torch.device) -> Tensor:
+        return torch.log(torch.as_tensor(self.weights, dtype=torch.float64, device=device))  # (K,)
+
+    def _remap(self, i: int, batch: Batch) -> Batch:
+        """The batch in component i's ids; its own start symbol wherever a sentence starts."""
+        comp, table = self.components[i], self.tables[i].to(batch.inputs.device)
+        inputs = torch.where(batch.resets, comp.vocab.bos_id, table[batch.inputs])  # (B, T)
+        remapped = Batch(inputs, table[batch.targets], batch.mask, batch.resets)
+        return remapped.to(model_device(comp))
+
+    @torch.no_grad()
+    def score(self, batch: Batch) -> Tensor:
+        """(B, T) ln sum_i lambda_i p_i(target), float64; 0 on padding."""
+        dev = batch.targets.device
+        parts = [c.score(self._remap(i, batch)).to(dev, torch.float64) for i, c in enumerate(self.components)]
+        mixed = torch.logsumexp(torch.stack(parts) + self._log_weights(dev).view(-1, 1, 1), dim=0)  # (B, T)
+        return mixed.masked_fill(~batch.mask, 0.0)
+
+    def initial_state(self, batch_size: int) -> tuple[list[Any], Tensor]:
+        """Every component's initial state, and which rows are still to read their start symbol (B,)."""
+        return [c.initial_state(batch_size) for c in self.components], torch.ones(batch_size, dtype=torch.bool)
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, state: tuple[list[Any], Tensor]) -> tuple[Tensor, tuple[list[Any], Tensor]]:
+        """Read tokens (B,); return the mixed (B, V) float64 log-distribution and the new state."""
+        states, fresh = state
+        dev = tokens.device
+        dists, new_states = [], []
+        for i, comp in enumerate(self.components):
+            table = self.tables[i].to(dev)
+            ctok = torch.where(fresh.to(dev), comp.vocab.bos_id, table[tokens])  # (B,) its own <s> first
+            logp, s = comp.step(ctok.to(model_device(comp)), states[i])  # (B, V_i)
+            dists.append(logp.to(dev, torch.float64)[:, table])  # (B, V) through the id table
+            new_states.append(s)
+        mixed = torch.logsumexp(torch.stack(dists) + self._log_weights(dev).view(-1, 1, 1), dim=0)  # (B, V)
+        if self.vocab.bos_id != self.vocab.eos_id:
+            mixed[:, self.vocab.bos_id] = -torch.inf  # <s> is context only, never predicted
+        return mixed, (new_states, torch.zeros_like(fresh))
+
+    def component_logp(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
+        """(K, N) ln p of every token under each component, each in its own mode.
+
+        With `stream_mode`, components that can carry state across sentences do (Mikolov's rnnlm
+        default) and the others score sentence by sentence: the paper's RNN + KN5 combination.
+        """
+        ids = np.asarray(stream.ids)
+        rows = []
+        for comp, table in zip(self.components, self.tables, strict=True):
+            remapped = TokenStream(table.numpy()[ids].astype(np.int32), stream.starts)  # (N,) its ids
+            rows.append(score_tokens(comp, remapped, stream_mode and can_stream(comp), max_tokens).logp)
+        return np.stack(rows)  # (K, N)
+
+    def score_text(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
+        """(N,) ln p of every token of a text (`score_tokens` uses this so each component keeps its mode)."""
+        return mix_logp(self.component_logp(stream, stream_mode, max_tokens), self.weights)
+
+
+def relative_config(model: MixtureModel, out: str | Path) -> MixtureConfig:
+    """The config to save in directory `out`: component paths relative to it where possible."""
+    out = Path(out).absolute()
+    paths = []
+    for p in model.paths:
+        try:
+            paths.append(os.path.relpath(p, out))
+        except ValueError:  # another drive (Windows): no relative path exists
+            paths.append(str(p))
+    return MixtureConfig(paths, model.weights.tolist())
+
+
+def save_mixture(model: MixtureModel, out: Path) -> None:
+    """Nothing to write but config.json (and vocab.txt, by seqlm.save); make its paths relative to `out`.
+
+    seqlm.save writes config.json from `model.config` after this, so rebinding it here is enough.
+    """
+    model.config = relative_config(model, out)
+
+
+def load_mixture(model_dir: Path, cfg: MixtureConfig) -> MixtureModel:
+    """Load every component (seqlm.load, relative to the mixture directory) and combine them."""
+    import seqlm
+
+    if not cfg.components:
+        raise SeqlmError(f"{model_dir / ckpt.CONFIG}: a mixture with no components; rebuild it with "
+                         "`seqlm interpolate`")
+    paths = [Path(model_dir) / c for c in cfg.components]  # an absolute c stays absolute
+    components = []
+    for p in paths:
+        try:
+            components.append(seqlm.load(p))
+        except SeqlmError as e:
+            raise SeqlmError(f"{model_dir}: component {p}: {e}") from None
+    return MixtureModel(components, cfg.weights, paths)
