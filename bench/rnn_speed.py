@@ -1,0 +1,83 @@
+"""RNN LM speed on PTB: training and evaluation words/s, class-factorised vs full softmax (same H),
+measured in one run, and against the reference C++ toolkit's figures given in the RNNLM issue.
+
+    python bench/rnn_speed.py [--threads 2] [--seconds 20]
+
+Trains each configuration for a fixed wall time from scratch (speed only: the perplexity rows are in
+rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. Also reports the float32 matmul ceiling
+measured by this script at the model's layer shapes, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from seqlm.config import apply_overrides
+from seqlm.data.corpus import count_words, encode_file
+from seqlm.data.vocab import Vocab
+from seqlm.eval.perplexity import evaluate
+from seqlm.registry import family, new_model
+from seqlm.train.loop import make_optimizer
+
+from common import matmul_gflops, merge_rows, ptb_dir
+
+FASTER_RNNLM_WORDS_PER_S = 150_000  # sigmoid H=200, hierarchical softmax, 2 threads (the issue's figure)
+
+
+def train_speed(cfg, vocab, stream, seconds: float) -> tuple[float, object]:
+    fam = family("rnn")
+    model = new_model("rnn", cfg, vocab)
+    opt = make_optimizer(model, cfg.train)
+    state, tokens, t0 = None, 0, None
+    for i, batch in enumerate(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1))):
+        if i == 3:  # warm-up steps excluded
+            t0, tokens = time.perf_counter(), 0
+        loss, state, n = fam.step(model, batch, state)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
+        opt.step()
+        tokens += n
+        if t0 is not None and time.perf_counter() - t0 > seconds:
+            break
+    return tokens / (time.perf_counter() - t0), model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--hidden", type=int, default=200)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    vocab = Vocab.build(count_words(ptb_dir() / "train.txt"))
+    train = encode_file(ptb_dir() / "train.txt", vocab)
+    valid = encode_file(ptb_dir() / "valid.txt", vocab)
+    rows = {}
+    for output in ("class", "full"):
+        cfg = family("rnn").config()
+        apply_overrides([cfg], {"output": output, "hidden": args.hidden})
+        words_s, model = train_speed(cfg, vocab, train, args.seconds)
+        t = time.perf_counter()
+        evaluate(model, valid)
+        eval_s = len(valid.ids) / (time.perf_counter() - t)
+        rows[output] = {"name": f"rnn-h{args.hidden}-{output}-speed", "train_tokens_per_s": words_s,
+                        "eval_tokens_per_s": eval_s, "threads": args.threads, "batch_size": cfg.train.batch_size,
+                        "bptt": cfg.train.bptt, "optimizer": cfg.train.optimizer,
+                        "train_speed_vs_faster_rnnlm": words_s / FASTER_RNNLM_WORDS_PER_S}
+        print(rows[output], flush=True)
+    H, V, B = args.hidden, len(vocab), 64 * 20
+    ceiling = matmul_gflops([(B, H, H), (B, H, 100), (B, H, V)], torch.float32)
+    speedup = {"train_speedup": rows["class"]["train_tokens_per_s"] / rows["full"]["train_tokens_per_s"],
+               "eval_speedup": rows["class"]["eval_tokens_per_s"] / rows["full"]["eval_tokens_per_s"],
+               "matmul_ceiling_gflops": ceiling}
+    print(speedup)
+    merge_rows("rnn_speed", list(rows.values()), {"summary": speedup})
+
+
+if __name__ == "__main__":
+    main()
