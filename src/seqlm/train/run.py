@@ -67,9 +67,7 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
         argv += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
         return _spawn(nproc, argv, out_dir)
     splits = Splits(train, valid)
-    if hasattr(cfg, "train"):
-        torch.manual_seed(cfg.train.seed)  # the initial weights too depend on --seed only (reproducible runs)
-    model = new_model(name, cfg, vocab)
+    model = new_model(name, cfg, vocab)  # seeded: the initial weights depend on --seed only
     model.data_config = data_cfg
     out_dir.mkdir(parents=True, exist_ok=True)
     main_rank = int(os.environ.get("RANK", "0")) == 0
