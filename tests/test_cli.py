@@ -148,3 +148,8 @@ def test_console_entry_point_runs_as_a_module(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "seqlm", "eval", str(tmp_path / "nope"), "--text", "x"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no such model directory" in proc.stderr
+
+
+def test_help_config_lists_every_option_with_its_default(capsys):
+    code, out, _ = run(capsys, "train", "--model", "fofe", "--help-config")
+    assert code == 0 and "--alpha" in out and "0.7" in out and "--max-vocab" in out and "--lr" in out

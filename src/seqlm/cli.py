@@ -36,9 +36,25 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     """Train (or, for kn, estimate) a model and print its valid and test perplexity."""
     from seqlm.train.run import train_from_cli
 
+    if args.help_config:
+        print(_config_help(args.model))
+        return
     result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc)
     if result:  # data-parallel ranks other than 0 have nothing to report
         print(json.dumps(result))
+
+
+def _config_help(name: str | None) -> str:
+    """Every `--key value` option of a family, with its default: the fields of its config dataclasses."""
+    from seqlm.config import DataConfig, flat_fields
+    from seqlm.registry import DEFAULT_FAMILY, family
+
+    name = name or DEFAULT_FAMILY
+    lines = [f"options of `seqlm train --model {name}` (defaults from its config dataclass):"]
+    for cfg in (family(name).config(), DataConfig()):
+        for key, (owner, f) in flat_fields(cfg).items():
+            lines.append(f"  --{key.replace('_', '-'):<20} {getattr(owner, key)!r:<14} ({type(owner).__name__})")
+    return "\n".join(lines)
 
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
@@ -149,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", default=None, help="YAML file of options")
     t.add_argument("--resume", action="store_true", help="continue from the last epoch checkpoint in --out")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (spawns torchrun)")
+    t.add_argument("--help-config", action="store_true", help="list the family's options and defaults, then exit")
     t.set_defaults(func=cmd_train, allow_rest=True)
 
     def text_args(q: argparse.ArgumentParser) -> None:
