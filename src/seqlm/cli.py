@@ -52,7 +52,7 @@ def _config_help(name: str | None) -> str:
     name = name or DEFAULT_FAMILY
     lines = [f"options of `seqlm train --model {name}` (defaults from its config dataclass):"]
     for cfg in (family(name).config(), DataConfig()):
-        for key, (owner, f) in flat_fields(cfg).items():
+        for key, (owner, _field) in flat_fields(cfg).items():
             lines.append(f"  --{key.replace('_', '-'):<20} {getattr(owner, key)!r:<14} ({type(owner).__name__})")
     return "\n".join(lines)
 
