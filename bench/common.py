@@ -7,6 +7,7 @@ Rows are merged by name, so a row can be run (and re-run) alone.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -101,3 +102,14 @@ def matmul_gflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype, device
             torch.cuda.synchronize()
         best = max(best, 5 * flops / (time.perf_counter() - t) / 1e9)
     return best
+
+
+def row_parser(doc: str, rows: str, precision: str) -> argparse.ArgumentParser:
+    """The options every PTB table script shares: which rows, and how to train them."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default=rows, help="comma-separated row names")
+    p.add_argument("--precision", default=precision, choices=["fp32", "bf16"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--session-minutes", type=float, default=0.0, help="stop starting epochs after this long")
+    return p

@@ -20,7 +20,7 @@ import torch
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
-from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir
+from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir, row_parser
 
 PAPER_TEST_PPL = {"fnn-2": 176, "fnn-3": 131, "fnn-4": 118, "fnn-5": 114, "fnn-6": 113, "fofe-1": 116, "fofe-2": 108}
 ROWS = {name: (["--model", "fnn", "--order", name[4:]] if name.startswith("fnn") else
@@ -72,12 +72,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default="fofe-2,fofe-1,fnn-2,fnn-3,fnn-4,fnn-5,fnn-6")
-    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--session-minutes", type=float, default=0.0, help="stop starting epochs after this long")
+    p = row_parser(__doc__, "fofe-2,fofe-1,fnn-2,fnn-3,fnn-4,fnn-5,fnn-6", "bf16")
     p.add_argument("--max-epochs", type=int, default=0, help="cap epochs (0: the paper schedule decides)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

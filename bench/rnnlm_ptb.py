@@ -26,7 +26,7 @@ from seqlm.eval.perplexity import evaluate
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
-from common import CHECKPOINTS, merge_rows, ptb_dir
+from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
 PAPER_TEST_PPL = {"kn5": 141.2, "rnn-bptt": 124.7, "rnn+kn5": 105.7, "rnn-x4": 102.0}
 # faster-rnnlm (sigmoid RNN, H=200, hierarchical softmax, BPTT 32, 2 threads) on this machine, as given
@@ -120,12 +120,7 @@ def class_speedup(rows: dict) -> dict | None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default="rnn-bptt,rnn-bp,rnn-bptt-full,rnn-bptt-h400,rnn+kn5")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--session-minutes", type=float, default=0.0, help="stop starting epochs after this long")
+    p = row_parser(__doc__, "rnn-bptt,rnn-bp,rnn-bptt-full,rnn-bptt-h400,rnn+kn5", "fp32")
     p.add_argument("--stream-weights", action="store_true", help="fit mixture weights in stream mode")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
