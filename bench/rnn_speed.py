@@ -52,28 +52,32 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--hidden", type=int, default=200)
+    p.add_argument("--batch-sizes", default="64,128", help="class-output rows at these batch sizes (full: the first)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     vocab = Vocab.build(count_words(ptb_dir() / "train.txt"))
     train = encode_file(ptb_dir() / "train.txt", vocab)
     valid = encode_file(ptb_dir() / "valid.txt", vocab)
     rows = {}
-    for output in ("class", "full"):
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    for output, batch in [("class", b) for b in sizes] + [("full", sizes[0])]:
         cfg = family("rnn").config()
-        apply_overrides([cfg], {"output": output, "hidden": args.hidden})
+        apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch})
         words_s, model = train_speed(cfg, vocab, train, args.seconds)
         t = time.perf_counter()
         evaluate(model, valid)
         eval_s = len(valid.ids) / (time.perf_counter() - t)
-        rows[output] = {"name": f"rnn-h{args.hidden}-{output}-speed", "train_tokens_per_s": words_s,
-                        "eval_tokens_per_s": eval_s, "threads": args.threads, "batch_size": cfg.train.batch_size,
-                        "bptt": cfg.train.bptt, "optimizer": cfg.train.optimizer,
-                        "train_speed_vs_faster_rnnlm": words_s / FASTER_RNNLM_WORDS_PER_S}
-        print(rows[output], flush=True)
+        key = f"{output}-b{batch}"
+        rows[key] = {"name": f"rnn-h{args.hidden}-{key}-speed", "train_tokens_per_s": words_s,
+                     "eval_tokens_per_s": eval_s, "threads": args.threads, "batch_size": batch,
+                     "bptt": cfg.train.bptt, "optimizer": cfg.train.optimizer,
+                     "train_speed_vs_faster_rnnlm": words_s / FASTER_RNNLM_WORDS_PER_S}
+        print(rows[key], flush=True)
     H, V, B = args.hidden, len(vocab), 64 * 20
     ceiling = matmul_gflops([(B, H, H), (B, H, 100), (B, H, V)], torch.float32)
-    speedup = {"train_speedup": rows["class"]["train_tokens_per_s"] / rows["full"]["train_tokens_per_s"],
-               "eval_speedup": rows["class"]["eval_tokens_per_s"] / rows["full"]["eval_tokens_per_s"],
+    same = (rows[f"class-b{sizes[0]}"], rows[f"full-b{sizes[0]}"])  # equal H and batch
+    speedup = {"train_speedup": same[0]["train_tokens_per_s"] / same[1]["train_tokens_per_s"],
+               "eval_speedup": same[0]["eval_tokens_per_s"] / same[1]["eval_tokens_per_s"],
                "matmul_ceiling_gflops": ceiling}
     print(speedup)
     merge_rows("rnn_speed", list(rows.values()), {"summary": speedup})
