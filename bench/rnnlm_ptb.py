@@ -41,6 +41,7 @@ RNN_ROWS = {
     "rnn-bptt": ["--tau", "5", *DROP],
     "rnn-bptt-full": ["--tau", "5", "--output", "full", *DROP],
     "rnn-bptt-h400": ["--tau", "5", "--hidden", "400", *DROP],
+    "rnn-bptt-h400-tanh": ["--tau", "5", "--hidden", "400", "--activation", "tanh", *DROP],
     "rnn-bptt-s2": ["--tau", "5", "--seed", "2", *DROP],  # extra seeds: members of rnn-x4
     "rnn-bptt-s3": ["--tau", "5", "--seed", "3", *DROP],
     "rnn-bptt-s4": ["--tau", "5", "--seed", "4", *DROP],
