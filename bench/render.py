@@ -9,8 +9,8 @@ from common import RESULTS
 
 ROOT = RESULTS.parent
 COLUMNS = ["name", "valid_ppl", "test_ppl", "test_ppl_stream", "paper_test_ppl", "params", "epochs", "finished",
-           "precision", "train_seconds", "train_tokens_per_s", "tokens_per_s", "eval_tokens_per_s", "fraction_of_ceiling",
-           "estimate_seconds"]
+           "precision", "train_seconds", "train_tokens_per_s", "tokens_per_s", "eval_tokens_per_s",
+           "fraction_of_ceiling", "estimate_seconds"]
 
 
 def _fmt(v) -> str:
