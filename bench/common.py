@@ -104,6 +104,33 @@ def matmul_gflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype, device
     return best
 
 
+def train_speed(name: str, cfg, vocab, stream, seconds: float, warmup: int = 3) -> tuple[float, object]:
+    """Training tokens/s of family `name` from scratch, through the family's own batches and step."""
+    import numpy as np
+
+    from seqlm.registry import family, new_model
+    from seqlm.train.loop import make_optimizer
+
+    fam = family(name)
+    model = new_model(name, cfg, vocab)
+    opt = make_optimizer(model, cfg.train)
+    state, tokens, t0 = None, 0, None
+    for i, batch in enumerate(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1))):
+        if i == warmup:  # warm-up steps excluded
+            t0, tokens = time.perf_counter(), 0
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16"):
+            loss, state, n = fam.step(model, batch, state)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.train.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
+        opt.step()
+        tokens += n
+        if t0 is not None and time.perf_counter() - t0 > seconds:
+            break
+    return tokens / (time.perf_counter() - t0), model
+
+
 def row_parser(doc: str, rows: str, precision: str) -> argparse.ArgumentParser:
     """The options every PTB table script shares: which rows, and how to train them."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -13,38 +13,17 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 import torch
 
 from seqlm.config import apply_overrides
 from seqlm.data.corpus import count_words, encode_file
 from seqlm.data.vocab import Vocab
 from seqlm.eval.perplexity import evaluate
-from seqlm.registry import family, new_model
-from seqlm.train.loop import make_optimizer
+from seqlm.registry import family
 
-from common import matmul_gflops, merge_rows, ptb_dir
+from common import matmul_gflops, merge_rows, ptb_dir, train_speed
 
 FASTER_RNNLM_WORDS_PER_S = 150_000  # sigmoid H=200, hierarchical softmax, 2 threads (the figure)
-
-
-def train_speed(cfg, vocab, stream, seconds: float) -> tuple[float, object]:
-    fam = family("rnn")
-    model = new_model("rnn", cfg, vocab)
-    opt = make_optimizer(model, cfg.train)
-    state, tokens, t0 = None, 0, None
-    for i, batch in enumerate(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1))):
-        if i == 3:  # warm-up steps excluded
-            t0, tokens = time.perf_counter(), 0
-        loss, state, n = fam.step(model, batch, state)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
-        opt.step()
-        tokens += n
-        if t0 is not None and time.perf_counter() - t0 > seconds:
-            break
-    return tokens / (time.perf_counter() - t0), model
 
 
 def main() -> None:
@@ -63,7 +42,7 @@ def main() -> None:
     for output, batch in [("class", b) for b in sizes] + [("full", sizes[0])]:
         cfg = family("rnn").config()
         apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch})
-        words_s, model = train_speed(cfg, vocab, train, args.seconds)
+        words_s, model = train_speed("rnn", cfg, vocab, train, args.seconds)
         t = time.perf_counter()
         evaluate(model, valid)
         eval_s = len(valid.ids) / (time.perf_counter() - t)
