@@ -57,14 +57,14 @@ def _pieces(lengths: np.ndarray, max_len: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def sentence_batches(
-    stream: TokenStream, bos_id: int, max_tokens: int = 8192, max_len: int = 512, context: int = 64
-) -> Iterator[Rows]:
-    """Every sentence scored from a fresh start; rows grouped by length to keep padding small."""
-    ids, starts = stream.ids, np.asarray(stream.starts)
-    pieces = _pieces(np.diff(starts), max_len)
-    pieces.sort(key=lambda p: (p[2] + (min(p[1], context)), p[0]))
-    i = 0
+def sentence_groups(
+    stream: TokenStream, max_tokens: int = 8192, max_len: int = 512, context: int = 64
+) -> list[list[tuple[int, int, int]]]:
+    """The pieces (sentence, first target, targets) of each batch of `sentence_batches`, cheap to hold:
+    batches are built from them one at a time, in any order (`sentence_rows`)."""
+    pieces = _pieces(np.diff(np.asarray(stream.starts)), max_len)
+    pieces.sort(key=lambda p: (p[2] + (min(p[1], context)), p[0]))  # rows grouped by length: little padding
+    groups, i = [], 0
     while i < len(pieces):
         width = pieces[i][2] + min(pieces[i][1], context)
         j = i
@@ -74,27 +74,42 @@ def sentence_batches(
                 break
             width = max(width, w)
             j += 1
-        group = pieces[i:j]
+        groups.append(pieces[i:j])
         i = j
-        B = len(group)
-        inputs = np.zeros((B, width), dtype=np.int64)
-        targets = np.zeros((B, width), dtype=np.int64)
-        mask = np.zeros((B, width), dtype=bool)
-        resets = np.zeros((B, width), dtype=bool)
-        for b, (s, o, n) in enumerate(group):
-            c = min(o, context)
-            base = starts[s]
-            tgt = ids[base + o - c : base + o + n]  # c context targets (masked) then n scored targets
-            inp = np.empty(c + n, dtype=np.int64)
-            inp[1:] = tgt[:-1]
-            if o - c == 0:
-                inp[0], resets[b, 0] = bos_id, True
-            else:
-                inp[0] = ids[base + o - c - 1]
-            inputs[b, : c + n], targets[b, : c + n] = inp, tgt
-            mask[b, c : c + n] = True
-        batch = Batch(*(torch.from_numpy(a) for a in (inputs, targets, mask, resets)))
-        yield Rows(batch, np.array([g[0] for g in group]), np.array([g[1] for g in group]))
+    return groups
+
+
+def sentence_rows(stream: TokenStream, bos_id: int, group: list[tuple[int, int, int]], context: int = 64) -> Rows:
+    """One batch of sentence pieces, each row scored from a fresh start after up to `context` tokens."""
+    ids, starts = stream.ids, np.asarray(stream.starts)
+    B = len(group)
+    width = max(n + min(o, context) for _, o, n in group)
+    inputs = np.zeros((B, width), dtype=np.int64)
+    targets = np.zeros((B, width), dtype=np.int64)
+    mask = np.zeros((B, width), dtype=bool)
+    resets = np.zeros((B, width), dtype=bool)
+    for b, (s, o, n) in enumerate(group):
+        c = min(o, context)
+        base = starts[s]
+        tgt = ids[base + o - c : base + o + n]  # c context targets (masked) then n scored targets
+        inp = np.empty(c + n, dtype=np.int64)
+        inp[1:] = tgt[:-1]
+        if o - c == 0:
+            inp[0], resets[b, 0] = bos_id, True
+        else:
+            inp[0] = ids[base + o - c - 1]
+        inputs[b, : c + n], targets[b, : c + n] = inp, tgt
+        mask[b, c : c + n] = True
+    batch = Batch(*(torch.from_numpy(a) for a in (inputs, targets, mask, resets)))
+    return Rows(batch, np.array([g[0] for g in group]), np.array([g[1] for g in group]))
+
+
+def sentence_batches(
+    stream: TokenStream, bos_id: int, max_tokens: int = 8192, max_len: int = 512, context: int = 64
+) -> Iterator[Rows]:
+    """Every sentence scored from a fresh start; rows grouped by length to keep padding small."""
+    for group in sentence_groups(stream, max_tokens, max_len, context):
+        yield sentence_rows(stream, bos_id, group, context)
 
 
 def _gather_sentences(stream: TokenStream, order: np.ndarray, bos_id: int) -> tuple[np.ndarray, ...]:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlm.config import TrainConfig, choice, positive
-from seqlm.data.batching import sentence_batches, stream_batches
+from seqlm.data.batching import sentence_groups, sentence_rows, stream_batches
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
@@ -119,9 +119,10 @@ def rnn_batches(cfg: RNNConfig, vocab: Vocab):
         t = cfg.train
         if not cfg.sentence_independent:
             return stream_batches(stream, vocab.bos_id, t.batch_size, t.bptt, shard=shard)
-        rows = list(sentence_batches(stream, vocab.bos_id, max_tokens=t.batch_size * t.bptt, max_len=10**9))
-        order = rng.permutation(len(rows))[shard[0] :: shard[1]]
-        return (rows[i].batch for i in order)
+        # only the (sentence, offset, length) plan is held; each batch is built when its turn comes
+        groups = sentence_groups(stream, max_tokens=t.batch_size * t.bptt, max_len=10**9)
+        order = rng.permutation(len(groups))[shard[0] :: shard[1]]
+        return (sentence_rows(stream, vocab.bos_id, groups[i]).batch for i in order)
 
     return batches
 
