@@ -253,6 +253,7 @@ BAD_MODEL_DIRS = {
     "config names an unknown family": ("fnn", "config.json", _set_json("family", "transformer"),
                                        "unknown model family"),
     "config has an unknown key": ("fnn", "config.json", _set_json("model", {"hidden": 16, "wings": 2}), "unknown key"),
+    "config asks for a huge model": ("fnn", "config.json", _set_json("model", {"hidden": 10**6}), "do not match"),
     "config not an object": ("fnn", "config.json", lambda p: p.write_text("[1, 2]"), "config"),
     "ARPA missing": ("kn", "model.arpa", Path.unlink, "missing"),
     "ARPA truncated": ("kn", "model.arpa", _truncate, "truncated"),
@@ -290,6 +291,8 @@ FLAG_ERRORS = {
     "processes not a number": (["--nproc", "two"], "--nproc"),
     "kn is not data-parallel": (["--model", "kn", "--nproc", "2"], "drop --nproc"),
     "max-vocab below 2": (["--max-vocab", "1"], "--max-vocab"),
+    "a model larger than memory": (["--hidden", "1000000"], "GiB of memory is available"),
+    "layers beyond any allocation": (["--hidden", "3000000000"], "too large to allocate"),
 }
 
 

@@ -62,15 +62,35 @@ class NeuralFamily:
     def save(self, model: nn.Module, out: Path) -> None:
         ckpt.save_tensors(out / ckpt.WEIGHTS, model.state_dict())
 
+    def shapes(self, cfg: Any, vocab: Vocab) -> dict[str, torch.Size]:
+        """Parameter and buffer shapes of the model `cfg` describes, without allocating it."""
+        try:
+            with torch.device("meta"):
+                return {k: t.shape for k, t in self.build(cfg, vocab).state_dict().items()}
+        except RuntimeError as e:  # e.g. "Storage size calculation overflowed"
+            raise SeqlmError(f"this configuration's layers are too large to allocate ({e}); "
+                             "make --hidden/--embed smaller") from None
+
+    def check_fits(self, cfg: Any, vocab: Vocab) -> None:
+        """Refuse, before allocating anything, a model whose training state cannot fit in memory."""
+        n = sum(s.numel() for s in self.shapes(cfg, vocab).values())
+        need = 16 * n  # float32 weights, gradients and two Adam moments
+        avail = _available_bytes()
+        if avail is not None and need > avail:
+            raise SeqlmError(f"this configuration has {n:,} parameters: training needs about {need / 2**30:.1f} GiB "
+                             f"but {avail / 2**30:.1f} GiB of memory is available; make --hidden/--embed smaller "
+                             "or cap the vocabulary with --max-vocab")
+
     def load(self, model_dir: Path, cfg: Any, vocab: Vocab) -> nn.Module:
-        model = self.build(cfg, vocab)
         weights = ckpt.load_tensors(model_dir / ckpt.WEIGHTS)
-        expected = model.state_dict()
+        # shapes first, from a meta-device build: an edited config.json cannot make us allocate a huge model
+        expected = self.shapes(cfg, vocab)
         for name, t in expected.items():
-            if name not in weights or weights[name].shape != t.shape:
+            if name not in weights or weights[name].shape != t:
                 got = tuple(weights[name].shape) if name in weights else "missing"
                 raise SeqlmError(f"{model_dir}: weights do not match config.json/vocab.txt ({name}: expected "
-                                 f"{tuple(t.shape)}, found {got}); the directory mixes files of different models")
+                                 f"{tuple(t)}, found {got}); the directory mixes files of different models")
+        model = self.build(cfg, vocab)
         model.load_state_dict(weights)
         model.eval()
         return model
@@ -164,10 +184,21 @@ def family(name: str) -> Family:
     return FAMILIES[name]
 
 
+def _available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def new_model(name: str, cfg: Any, vocab: Vocab) -> Any:
     """A fresh model of family `name`, tagged with its family and config so `seqlm.save` needs nothing else."""
     fam = family(name)
     if isinstance(fam, NeuralFamily):
+        fam.check_fits(cfg, vocab)
         torch.manual_seed(cfg.train.seed)  # the initial weights depend on the seed alone
     model = _Unbuilt(cfg, vocab) if isinstance(fam, CountFamily) else fam.build(cfg, vocab)
     model.family, model.config = name, cfg

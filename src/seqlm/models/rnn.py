@@ -70,7 +70,7 @@ class RNNLM(nn.Module):
         self.rnn = Elman(embed, hidden, activation)  # embed 0: the lookup already is W_x x(t)
         if output == "class":
             n_cls = min(classes or round(math.sqrt(len(vocab))), len(vocab))
-            counts = torch.tensor(vocab.counts, dtype=torch.long).clamp(min=1)
+            counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu").clamp(min=1)
             self.out: nn.Module = ClassSoftmax(hidden, counts, n_cls)
         else:
             self.out = FullSoftmax(hidden, len(vocab))

@@ -84,7 +84,7 @@ def frequency_classes(counts: Sequence[int] | Tensor, num_classes: int) -> Tenso
         classes_left = num_classes - 1 - c
         if classes_left > 0 and (cum * num_classes > (c + 1) * total or words_left <= classes_left):
             c += 1
-    return torch.tensor(classes, dtype=torch.long)
+    return torch.tensor(classes, dtype=torch.long, device="cpu")  # cpu even under a meta device context
 
 
 class ClassSoftmax(nn.Module):
@@ -111,7 +111,7 @@ class ClassSoftmax(nn.Module):
         # stable sort by class keeps the frequency order inside a class (and makes classes contiguous)
         row_to_word = torch.sort(word_class, stable=True).indices  # (V,)
         word_to_row = torch.empty_like(row_to_word)
-        word_to_row[row_to_word] = torch.arange(vocab_size)
+        word_to_row[row_to_word] = torch.arange(vocab_size, device="cpu")
         sizes = torch.bincount(word_class, minlength=num_classes)  # (C,)
         class_end = torch.cumsum(sizes, 0)  # (C,)
         self.register_buffer("word_class", word_class)
