@@ -7,7 +7,8 @@ A shortened schedule, stated in the JSON: each point trains the paper's model (2
 ReLU, full softmax, SGD with mini-batches of 200 words, lr 0.4) for `--epochs` epochs at the initial
 rate on the first `--fraction` of PTB train (vocabulary from that part), then reports valid and test
 perplexity. The full schedule takes about an hour per point on this CPU; the sweep compares alphas, not
-absolute perplexities. Points already in bench/results/fofe_alpha.json with the same settings are kept.
+absolute perplexities. `--precision fp32` rows (named -fp32) check that bf16 keeps the perplexity.
+Points already in bench/results/fofe_alpha.json with the same settings are kept.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def plot(rows: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for order in sorted({r["order"] for r in rows}):
-        pts = sorted((r["alpha"], r["test_ppl"]) for r in rows if r["order"] == order)
-        ax.plot([a for a, _ in pts], [p for _, p in pts], marker="o", label=f"FOFE order {order}")
+    for (order, prec) in sorted({(r["order"], r["precision"]) for r in rows}):
+        pts = sorted((r["alpha"], r["test_ppl"]) for r in rows if (r["order"], r["precision"]) == (order, prec))
+        ax.plot([a for a, _ in pts], [p for _, p in pts], marker="o" if prec == "bf16" else "x",
+                label=f"FOFE order {order}" + ("" if prec == "bf16" else f" ({prec})"))
     ax.set(xlabel="forgetting factor alpha", ylabel="PTB test perplexity",
            title="FOFE-FNNLM vs alpha (shortened schedule)")
     ax.grid(alpha=0.3)
@@ -70,7 +72,7 @@ def main() -> None:
     setting = {"fraction": args.fraction, "epochs": args.epochs, "precision": args.precision}
     for order in (int(o) for o in args.orders.split(",")):
         for alpha in (float(a) for a in args.alphas.split(",")):
-            name = f"fofe-{order}-a{alpha:g}"
+            name = f"fofe-{order}-a{alpha:g}" + ("-fp32" if args.precision == "fp32" else "")
             if name in done and all(done[name].get(k) == v for k, v in setting.items()):
                 continue
             out = CHECKPOINTS / "fofe_alpha" / f"{name}-f{args.fraction:g}-e{args.epochs}"
