@@ -128,10 +128,14 @@ def class_speedup(rows: dict) -> dict | None:
     c, f = rows.get("rnn-bptt"), rows.get("rnn-bptt-full")
     if not (c and f):
         return None
+    k = min(len(c["valid_curve"]), len(f["valid_curve"]))
     return {"train_words_per_s_class": c["train_tokens_per_s"], "train_words_per_s_full": f["train_tokens_per_s"],
             "train_speedup": c["train_tokens_per_s"] / f["train_tokens_per_s"],
             "eval_words_per_s_class": c["eval_tokens_per_s"], "eval_words_per_s_full": f["eval_tokens_per_s"],
-            "eval_speedup": c["eval_tokens_per_s"] / f["eval_tokens_per_s"]}
+            "eval_speedup": c["eval_tokens_per_s"] / f["eval_tokens_per_s"],
+            # the full-softmax row may stop early (--session-minutes): compare perplexity after equal epochs
+            "valid_ppl_after_equal_epochs": {"epochs": k, "class": c["valid_curve"][k - 1],
+                                             "full": f["valid_curve"][k - 1]} if k else None}
 
 
 def main() -> None:
