@@ -291,6 +291,7 @@ FLAG_ERRORS = {
     "processes not a number": (["--nproc", "two"], "--nproc"),
     "kn is not data-parallel": (["--model", "kn", "--nproc", "2"], "drop --nproc"),
     "max-vocab below 2": (["--max-vocab", "1"], "--max-vocab"),
+    "dropout of 1": (["--dropout", "1"], "--dropout must be in [0, 1)"),
     "a model larger than memory": (["--hidden", "1000000"], "GiB of memory is available"),
     "layers beyond any allocation": (["--hidden", "3000000000"], "too large to allocate"),
 }

@@ -70,3 +70,18 @@ def test_each_neural_family_trains_through_the_loop(tmp_path, family):
                  "--max-epochs", "2", *TINY, *extra]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[-1]["valid_ppl"] < 30  # a uniform guess over this vocabulary is ~14
+
+
+@pytest.mark.parametrize("family", ["fnn", "fofe", "rnn"])
+def test_dropout_trains_and_is_off_when_scoring(tmp_path, family):
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / family
+    extra = ["--batch-size", "4"] if family == "rnn" else []
+    assert main(["train", "--model", family, "--data", str(corpus), "--out", str(out), "--bptt", "10",
+                 "--max-epochs", "2", "--dropout", "0.5", *TINY, *extra]) == 0
+    import seqlm
+
+    model = seqlm.load(out)
+    text = [line.split() for line in (corpus / "test.txt").read_text().splitlines()]
+    first, again = seqlm.score_text(model, text), seqlm.score_text(model, text)
+    assert first == again  # a loaded model scores deterministically: no dropout at inference

@@ -79,6 +79,11 @@ def _non_negative(obj: Any, *names: str) -> None:
             raise SeqlmError(f"--{n.replace('_', '-')} must not be negative, got {getattr(obj, n)}")
 
 
+def dropout_rate(value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise SeqlmError(f"--dropout must be in [0, 1), got {value}")
+
+
 positive, non_negative, choice = _positive, _non_negative, _choice
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from seqlm.config import TrainConfig, positive
+from seqlm.config import TrainConfig, dropout_rate, positive
 from seqlm.data.batching import history
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
@@ -32,10 +32,12 @@ class FNNConfig:
     embed: int = 200
     hidden: int = 400
     layers: int = 2
+    dropout: float = 0.0  # on the input and every hidden layer; 0 = the paper's model
     train: TrainConfig = field(default_factory=fofe_paper_training)
 
     def __post_init__(self) -> None:
         positive(self, "embed", "hidden", "layers")
+        dropout_rate(self.dropout)
         if not 2 <= self.order <= 20:
             raise SeqlmError(f"--order must be between 2 and 20 for fnn, got {self.order}")
 
@@ -46,8 +48,9 @@ class MLPHead(nn.Module):
     Glorot/Xavier normalised initialisation, no pre-training (fofe-fnnlm.txt Sec. 4).
     """
 
-    def __init__(self, in_features: int, hidden: int, layers: int, vocab_size: int):
+    def __init__(self, in_features: int, hidden: int, layers: int, vocab_size: int, dropout: float = 0.0):
         super().__init__()
+        self.drop = nn.Dropout(dropout)  # not in the paper (dropout 0): an option against overfitting
         dims = [in_features] + [hidden] * layers
         self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
         self.softmax = FullSoftmax(dims[-1], vocab_size)
@@ -57,8 +60,8 @@ class MLPHead(nn.Module):
 
     def features(self, x: Tensor) -> Tensor:
         for lin in self.hidden:
-            x = torch.relu(lin(x))  # (..., H)
-        return x
+            x = torch.relu(lin(self.drop(x)))  # (..., H)
+        return self.drop(x)
 
     def target_log_probs(self, x: Tensor, targets: Tensor) -> Tensor:
         h = self.features(x)  # (B, T, H)
@@ -69,13 +72,13 @@ class MLPHead(nn.Module):
 
 
 class FNNLM(nn.Module):
-    def __init__(self, vocab: Vocab, order: int, embed: int, hidden: int, layers: int):
+    def __init__(self, vocab: Vocab, order: int, embed: int, hidden: int, layers: int, dropout: float = 0.0):
         super().__init__()
         self.vocab = vocab
         self.order = order
         self.embedding = nn.Embedding(len(vocab), embed)
         nn.init.xavier_uniform_(self.embedding.weight)
-        self.head = MLPHead((order - 1) * embed, hidden, layers, len(vocab))
+        self.head = MLPHead((order - 1) * embed, hidden, layers, len(vocab), dropout)
 
     def _context(self, ids: Tensor) -> Tensor:
         ids = torch.where(ids < 0, torch.full_like(ids, self.vocab.bos_id), ids)  # before the start: <s>
@@ -98,4 +101,4 @@ class FNNLM(nn.Module):
 
 
 def build_fnn(cfg: FNNConfig, vocab: Vocab) -> FNNLM:
-    return FNNLM(vocab, order=cfg.order, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers)
+    return FNNLM(vocab, order=cfg.order, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout)

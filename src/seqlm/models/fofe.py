@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from seqlm.config import TrainConfig, positive
+from seqlm.config import TrainConfig, dropout_rate, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.fofe import fofe_codes
@@ -30,21 +30,24 @@ class FOFEConfig:
     embed: int = 200
     hidden: int = 400
     layers: int = 2
+    dropout: float = 0.0  # on the input and every hidden layer; 0 = the paper's model
     train: TrainConfig = field(default_factory=fofe_paper_training)
 
     def __post_init__(self) -> None:
         positive(self, "order", "embed", "hidden", "layers")
+        dropout_rate(self.dropout)
         if not 0.0 <= self.alpha <= 1.0:
             raise SeqlmError(f"--alpha must be in [0, 1], got {self.alpha}")
 
 
 class FOFELM(nn.Module):
-    def __init__(self, vocab: Vocab, order: int, alpha: float, embed: int, hidden: int, layers: int):
+    def __init__(self, vocab: Vocab, order: int, alpha: float, embed: int, hidden: int, layers: int,
+                 dropout: float = 0.0):
         super().__init__()
         self.vocab, self.order, self.alpha = vocab, order, alpha
         self.embedding = nn.Embedding(len(vocab), embed)
         nn.init.xavier_uniform_(self.embedding.weight)
-        self.head = MLPHead(order * embed, hidden, layers, len(vocab))
+        self.head = MLPHead(order * embed, hidden, layers, len(vocab), dropout)
 
     def _features(self, z: Tensor, resets: Tensor) -> Tensor:
         """[z_t; z_{t-1}; ...] with codes from before the sentence start set to zero."""
@@ -74,4 +77,5 @@ class FOFELM(nn.Module):
 
 
 def build_fofe(cfg: FOFEConfig, vocab: Vocab) -> FOFELM:
-    return FOFELM(vocab, order=cfg.order, alpha=cfg.alpha, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers)
+    return FOFELM(vocab, order=cfg.order, alpha=cfg.alpha, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers,
+                  dropout=cfg.dropout)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from seqlm.config import TrainConfig, choice, positive
+from seqlm.config import TrainConfig, choice, dropout_rate, positive
 from seqlm.data.batching import sentence_groups, sentence_rows, stream_batches
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
@@ -53,8 +53,7 @@ class RNNConfig:
             raise SeqlmError(f"--embed must be 0 (= hidden, no extra projection) or positive, got {self.embed}")
         choice("activation", self.activation, ("sigmoid", "tanh"))
         choice("output", self.output, ("class", "full"))
-        if not 0.0 <= self.dropout < 1.0:
-            raise SeqlmError(f"--dropout must be in [0, 1), got {self.dropout}")
+        dropout_rate(self.dropout)
         if self.classes < 0:
             raise SeqlmError(f"--classes must be 0 (sqrt of the vocabulary) or positive, got {self.classes}")
 
