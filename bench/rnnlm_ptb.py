@@ -58,6 +58,10 @@ MIXTURES = {"rnn+kn5": ["rnn-bptt", "kn5"], "rnn400+kn5": ["rnn-bptt-h400", "kn5
             "rnn400d5+kn5": ["rnn-bptt-h400-drop5", "kn5"], "rnn400long+kn5": ["rnn-bptt-h400-long", "kn5"],
             "rnn-x4": ["rnn-bptt", "rnn-bptt-h400", "rnn-bptt-nodropout", "rnn-bp"],
             "rnn-x4+kn5": ["rnn-bptt", "rnn-bptt-h400", "rnn-bptt-nodropout", "rnn-bp", "kn5"]}
+# every finished RNN of the table (seven configurations), with and without KN5
+ALL_RNNS = ["rnn-bptt", "rnn-bptt-h400", "rnn-bptt-h400-long", "rnn-bptt-nodropout", "rnn-bp", "rnn-bptt-h400-tanh",
+            "rnn-bptt-h400-drop5"]
+MIXTURES.update({"rnn-all": ALL_RNNS, "rnn-all+kn5": [*ALL_RNNS, "kn5"]})
 
 
 def _eval_words_per_s(model, stream) -> float:
