@@ -62,6 +62,8 @@ MIXTURES = {"rnn+kn5": ["rnn-bptt", "kn5"], "rnn400+kn5": ["rnn-bptt-h400", "kn5
 ALL_RNNS = ["rnn-bptt", "rnn-bptt-h400", "rnn-bptt-h400-long", "rnn-bptt-nodropout", "rnn-bp", "rnn-bptt-h400-tanh",
             "rnn-bptt-h400-drop5"]
 MIXTURES.update({"rnn-all": ALL_RNNS, "rnn-all+kn5": [*ALL_RNNS, "kn5"]})
+# -sw: the same mixtures with EM weights fitted in stream mode (run with --stream-weights)
+MIXTURES.update({"rnn400long+kn5-sw": MIXTURES["rnn400long+kn5"], "rnn-all+kn5-sw": MIXTURES["rnn-all+kn5"]})
 
 
 def _eval_words_per_s(model, stream) -> float:
