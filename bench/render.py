@@ -8,8 +8,8 @@ from pathlib import Path
 from common import RESULTS
 
 ROOT = RESULTS.parent
-COLUMNS = ["name", "valid_ppl", "test_ppl", "test_ppl_stream", "paper_test_ppl", "params", "epochs", "finished",
-           "precision", "train_seconds", "train_tokens_per_s", "tokens_per_s", "eval_tokens_per_s",
+COLUMNS = ["name", "order", "alpha", "valid_ppl", "test_ppl", "test_ppl_stream", "paper_test_ppl", "params", "epochs",
+           "finished", "precision", "train_seconds", "train_tokens_per_s", "tokens_per_s", "eval_tokens_per_s",
            "fraction_of_ceiling", "estimate_seconds"]
 
 
@@ -58,12 +58,15 @@ def main() -> None:
         parts += [f"## {doc['bench']}", "", f"`{doc['command']}` at `{doc['git_rev']}`, {doc['date']}, "
                   f"{doc['machine'].get('cpu')} ({doc['machine'].get('threads')} threads, torch "
                   f"{doc['machine'].get('torch')})", "", table(doc), ""]
-        for key in ("class_speedup", "simulation", "summary"):
+        for key in ("class_speedup", "simulation", "summary", "schedule"):
             if key in doc:
                 parts += [f"`{key}`: `{json.dumps(doc[key])}`", ""]
         png = RESULTS / f"{doc['bench']}_curves.png"
         if plot_curves(doc, png):
             parts += [f"![{doc['bench']}](results/{png.name})", ""]
+        own = RESULTS / f"{doc['bench']}.png"  # a plot the benchmark drew itself (e.g. the alpha sweep)
+        if own.exists():
+            parts += [f"![{doc['bench']}](results/{own.name})", ""]
     (ROOT / "RESULTS.md").write_text("\n".join(parts))
     print(ROOT / "RESULTS.md")
 
