@@ -9,6 +9,8 @@ row's figure is the loop's own `train_tokens_per_s` (all ranks' tokens / rank 0'
 Rows:
   ddp-1, ddp-2             global batch 16 rows x 200 tokens: 1 process x 16 rows vs 2 x 8
   ddp-1-small, ddp-2-small global batch 2 rows x 200 tokens (the paper's small-batch regime)
+  rnn-1x2threads, rnn-2x1thread  the class-output RNN (H 200) at 64 x 20 tokens: 1 process x 2 threads
+                           vs 2 processes x 1 thread (not in the default --rows)
   allreduce-2              gloo all-reduce of one step's gradients (parameters x 4 bytes), 2 processes
 Writes bench/results/ddp.json (rows merged by name). The machine is shared: the load average at the
 start of each row is recorded next to it.
@@ -35,11 +37,15 @@ MODEL = ["--model", "fnn", "--order", "3", "--embed", "200", "--hidden", "400", 
 # Training FLOPs per token of that model: 6 per multiply-add (forward 2, backward 4) of
 # (n-1)E*H + H*H + H*V = 400*400 + 400*400 + 400*10000 (docs/scaling.md, cost model).
 FLOPS_PER_TOKEN = 6 * (400 * 400 + 400 * 400 + 400 * 10_000)
-ROWS = {  # name: (processes, rows per process)
-    "ddp-1": (1, 16),
-    "ddp-2": (2, 8),
-    "ddp-1-small": (1, 2),
-    "ddp-2-small": (2, 1),
+RNN = ["--model", "rnn", "--hidden", "200", "--bptt", "20"]  # the RNNLM issue's class-output H = 200 model
+ROWS = {  # name: (processes, rows per process, model, threads per process)
+    "ddp-1": (1, 16, MODEL, 1),
+    "ddp-2": (2, 8, MODEL, 1),
+    "ddp-1-small": (1, 2, MODEL, 1),
+    "ddp-2-small": (2, 1, MODEL, 1),
+    # both cores on the RNN at a global batch of 64 x 20: one process with 2 threads vs 2 with 1 each
+    "rnn-1x2threads": (1, 64, RNN, 2),
+    "rnn-2x1thread": (2, 32, RNN, 1),
 }
 
 
@@ -60,11 +66,12 @@ def synthetic_corpus(dest: Path, tokens: int = 930_000, vocab: int = 10_000, see
 
 
 def run_row(name: str, data: Path, seconds: float) -> dict:
-    nproc, rows = ROWS[name]
+    nproc, rows, model, threads = ROWS[name]
+    width = int(model[model.index("--bptt") + 1])
     out = CHECKPOINTS / "ddp" / name
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "seqlm", "train", "--data", str(data), "--out", str(out), *MODEL,
-           "--batch-size", str(rows), "--threads", "1", "--device", "cpu", "--max-epochs", "1",
+    cmd = [sys.executable, "-m", "seqlm", "train", "--data", str(data), "--out", str(out), *model,
+           "--batch-size", str(rows), "--threads", str(threads), "--device", "cpu", "--max-epochs", "1",
            "--max-minutes", str(seconds / 60), "--nproc", str(nproc)]
     load = os.getloadavg()[0]
     t0 = time.time()
@@ -73,11 +80,12 @@ def run_row(name: str, data: Path, seconds: float) -> dict:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
     m = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     params = _parameters(out)
-    steps = m["train_tokens"] / (nproc * rows * 200)
-    return {"name": name, "processes": nproc, "rows_per_process": rows, "global_batch_tokens": nproc * rows * 200,
+    steps = m["train_tokens"] / (nproc * rows * width)
+    return {"name": name, "model": model[1], "processes": nproc, "rows_per_process": rows,
+            "global_batch_tokens": nproc * rows * width,
             "tokens_per_s": round(m["train_tokens_per_s"], 1), "train_tokens": m["train_tokens"],
             "train_seconds": round(m["epoch_seconds"], 2), "steps_per_s": round(steps / m["epoch_seconds"], 2),
-            "parameters": params, "gradient_bytes_per_step": params * 4, "threads_per_process": 1,
+            "parameters": params, "gradient_bytes_per_step": params * 4, "threads_per_process": threads,
             "wall_seconds_with_startup": round(time.time() - t0, 1), "load_average_at_start": round(load, 2)}
 
 
@@ -197,7 +205,7 @@ def plan(tokens: float = 1e9, gpus: tuple[int, ...] = (1, 8, 32, 128), batch_tok
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", default=",".join([*ROWS, "allreduce-2"]))
+    ap.add_argument("--rows", default=",".join([*[r for r in ROWS if not r.startswith("rnn")], "allreduce-2"]))
     ap.add_argument("--seconds", type=float, default=30.0, help="training seconds per row")
     ap.add_argument("--synthetic", action="store_true", help="use a synthetic PTB-sized corpus even if PTB is here")
     args = ap.parse_args()
