@@ -47,8 +47,9 @@ def plot(rows: list[dict]) -> None:
         pts = sorted((r["alpha"], r["test_ppl"]) for r in rows if (r["order"], r["precision"]) == (order, prec))
         ax.plot([a for a, _ in pts], [p for _, p in pts], marker="o" if prec == "bf16" else "x",
                 label=f"FOFE order {order}" + ("" if prec == "bf16" else f" ({prec})"))
+    r = rows[0]
     ax.set(xlabel="forgetting factor alpha", ylabel="PTB test perplexity",
-           title="FOFE-FNNLM vs alpha (shortened schedule)")
+           title=f"FOFE-FNNLM vs alpha: {r['epochs']} epoch(s) at lr 0.4 on {r['fraction']:g} of PTB train")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
