@@ -48,6 +48,7 @@ RNN_ROWS = {
     # against faster-rnnlm's wall time (164.3 test ppl in 71 s): tanh learns faster early, and without dropout
     # two epochs already beat that perplexity (a third overfits; tuning runs in the closing note of issue 4)
     "rnn-fast": ["--tau", "5", "--activation", "tanh", "--max-epochs", "2"],
+    "rnn-fast-b128": ["--tau", "5", "--activation", "tanh", "--max-epochs", "3", "--batch-size", "128"],
     "rnn-bptt-s2": ["--tau", "5", "--seed", "2", *DROP],  # extra seeds: members of rnn-x4
     "rnn-bptt-s3": ["--tau", "5", "--seed", "3", *DROP],
     "rnn-bptt-s4": ["--tau", "5", "--seed", "4", *DROP],
