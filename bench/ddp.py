@@ -47,6 +47,7 @@ ROWS = {  # name: (processes, rows per process, model, threads per process)
     "rnn-1x2threads": (1, 64, RNN, 2),
     "rnn-2x1thread": (2, 32, RNN, 1),
 }
+DEFAULT_ROWS = ["ddp-1", "ddp-2", "ddp-1-small", "ddp-2-small", "allreduce-2"]
 
 
 def synthetic_corpus(dest: Path, tokens: int = 930_000, vocab: int = 10_000, seed: int = 0) -> Path:
@@ -205,7 +206,7 @@ def plan(tokens: float = 1e9, gpus: tuple[int, ...] = (1, 8, 32, 128), batch_tok
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", default=",".join([*[r for r in ROWS if not r.startswith("rnn")], "allreduce-2"]))
+    ap.add_argument("--rows", default=",".join(DEFAULT_ROWS))
     ap.add_argument("--seconds", type=float, default=30.0, help="training seconds per row")
     ap.add_argument("--synthetic", action="store_true", help="use a synthetic PTB-sized corpus even if PTB is here")
     args = ap.parse_args()

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import seqlm
 from seqlm.cli import main
 from seqlm.train.schedule import NewBob
 
@@ -79,8 +80,6 @@ def test_dropout_trains_and_is_off_when_scoring(tmp_path, family):
     extra = ["--batch-size", "4"] if family == "rnn" else []
     assert main(["train", "--model", family, "--data", str(corpus), "--out", str(out), "--bptt", "10",
                  "--max-epochs", "2", "--dropout", "0.5", *TINY, *extra]) == 0
-    import seqlm
-
     model = seqlm.load(out)
     text = [line.split() for line in (corpus / "test.txt").read_text().splitlines()]
     first, again = seqlm.score_text(model, text), seqlm.score_text(model, text)

@@ -57,8 +57,11 @@ def _pieces(lengths: np.ndarray, max_len: int) -> list[tuple[int, int, int]]:
     return out
 
 
+CONTEXT = 64  # tokens of context carried into each piece of a sentence cut at max_len
+
+
 def sentence_groups(
-    stream: TokenStream, max_tokens: int = 8192, max_len: int = 512, context: int = 64
+    stream: TokenStream, max_tokens: int = 8192, max_len: int = 512, context: int = CONTEXT
 ) -> list[list[tuple[int, int, int]]]:
     """The pieces (sentence, first target, targets) of each batch of `sentence_batches`, cheap to hold:
     batches are built from them one at a time, in any order (`sentence_rows`)."""
@@ -79,7 +82,8 @@ def sentence_groups(
     return groups
 
 
-def sentence_rows(stream: TokenStream, bos_id: int, group: list[tuple[int, int, int]], context: int = 64) -> Rows:
+def sentence_rows(stream: TokenStream, bos_id: int, group: list[tuple[int, int, int]], context: int = CONTEXT
+                  ) -> Rows:
     """One batch of sentence pieces, each row scored from a fresh start after up to `context` tokens."""
     ids, starts = stream.ids, np.asarray(stream.starts)
     B = len(group)
@@ -105,7 +109,7 @@ def sentence_rows(stream: TokenStream, bos_id: int, group: list[tuple[int, int, 
 
 
 def sentence_batches(
-    stream: TokenStream, bos_id: int, max_tokens: int = 8192, max_len: int = 512, context: int = 64
+    stream: TokenStream, bos_id: int, max_tokens: int = 8192, max_len: int = 512, context: int = CONTEXT
 ) -> Iterator[Rows]:
     """Every sentence scored from a fresh start; rows grouped by length to keep padding small."""
     for group in sentence_groups(stream, max_tokens, max_len, context):
