@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import fcntl
 import json
 import os
 import platform
@@ -63,6 +64,13 @@ def merge_rows(name: str, rows: list[dict], extra: dict | None = None) -> Path:
     """Write rows into bench/results/NAME.json, replacing rows of the same name, keeping the others."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
+    # rows of one table often run as two processes side by side: serialise the read-modify-write
+    with open(RESULTS / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _merge_locked(path, name, rows, extra)
+
+
+def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -> Path:
     old = json.loads(path.read_text()) if path.exists() else {}
     by_name = {r["name"]: r for r in old.get("rows", [])}
     for r in rows:
