@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+RESULTS = Path(os.environ.get("SEQLM_BENCH_RESULTS", ROOT / "bench" / "results"))  # tests point it elsewhere
 CHECKPOINTS = ROOT / "bench" / "checkpoints"
 sys.path.insert(0, str(ROOT / "src"))
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from common import RESULTS
 
 ROOT = RESULTS.parent
-COLUMNS = ["name", "order", "alpha", "epsilon", "colliding", "sequences", "prefixes", "valid_ppl", "test_ppl", "test_ppl_stream", "paper_test_ppl", "params", "epochs",
+COLUMNS = ["name", "order", "alpha", "epsilon", "colliding", "sequences", "prefixes", "valid_ppl", "test_ppl",
+           "test_ppl_stream", "paper_test_ppl", "params", "epochs",
            "finished", "precision", "train_seconds", "train_tokens_per_s", "tokens_per_s", "eval_tokens_per_s",
            "fraction_of_ceiling", "estimate_seconds"]
 
