@@ -1,6 +1,6 @@
 """FOFE uniqueness (fofe-fnnlm.txt Sec. 2, Fig. 2): collisions among all binary sequences and in PTB.
 
-    python bench/fofe_collisions.py [--max-len 20] [--threads 1]
+    python bench/fofe_collisions.py [--max-len 20]
 
 Runs `seqlm fofe-collisions` on the paper's grid: every sequence of exactly --max-len symbols over a
 2-symbol vocabulary at epsilon 1e-2, 1e-3, 1e-4 and alpha 0.05..1.0, then every sentence prefix of PTB
@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
 from seqlm import fofe_collisions
 
 from common import RESULTS, merge_rows, ptb_dir
@@ -23,9 +21,7 @@ from common import RESULTS, merge_rows, ptb_dir
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-len", type=int, default=20)
-    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
     t0 = time.time()
     res = fofe_collisions.run(max_len=args.max_len, corpus_path=ptb_dir() / "train.txt",
                               out_png=RESULTS / "fofe_collisions.png")
