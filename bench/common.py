@@ -27,11 +27,12 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def git_rev() -> str:
+    """HEAD's short hash, with "-dirty" when anything tracked in the whole tree differs from it."""
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -52,6 +53,23 @@ def machine() -> dict:
     return info
 
 
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+# Taken when the benchmark process starts (this module is imported first thing), so a row records the
+# revision that produced it, not the one that happened to be checked out when it was written.
+RUN = {"command": " ".join(["python"] + sys.argv), "git_rev": git_rev(), "started": _now()}
+
+
+def provenance(threads: int | None = None) -> dict:
+    """This invocation's command, revision (dirty flag over the whole tree), start and end time, machine."""
+    m = machine()
+    if threads:
+        m["threads"] = threads
+    return {**RUN, "ended": _now(), "machine": m}
+
+
 def ptb_dir() -> Path:
     env = os.environ.get("SEQLM_DATA")
     for cand in ([Path(env) / "ptb"] if env else []) + [ROOT.parent / "shared" / "data" / "ptb"]:
@@ -61,7 +79,11 @@ def ptb_dir() -> Path:
 
 
 def merge_rows(name: str, rows: list[dict], extra: dict | None = None) -> Path:
-    """Write rows into bench/results/NAME.json, replacing rows of the same name, keeping the others."""
+    """Write rows into bench/results/NAME.json, replacing rows of the same name, keeping the others.
+
+    Every row gets `runs`: the provenance of each invocation that produced it. A row with `"resumed": True`
+    continued an earlier invocation's checkpoint, so the earlier row's runs are kept in front of this one.
+    """
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     # rows of one table often run as two processes side by side: serialise the read-modify-write
@@ -74,12 +96,19 @@ def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -
     old = json.loads(path.read_text()) if path.exists() else {}
     by_name = {r["name"]: r for r in old.get("rows", [])}
     for r in rows:
-        by_name[r["name"]] = r
+        earlier = by_name.get(r["name"], {}).get("runs", []) if r.get("resumed") else []
+        here = provenance(r.get("threads") or torch.get_num_threads())
+        runs = list(earlier)
+        if not runs or runs[-1]["started"] != here["started"]:  # a script may write its row more than once
+            runs.append(here)
+        else:
+            runs[-1] = here
+        by_name[r["name"]] = {**r, "runs": runs}
     doc = {
         "bench": name,
-        "command": " ".join(["python"] + sys.argv),
-        "git_rev": git_rev(),
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": RUN["command"],
+        "git_rev": RUN["git_rev"],
+        "date": _now(),
         "machine": machine(),
         **{k: v for k, v in old.items() if k not in ("bench", "command", "git_rev", "date", "machine", "rows")},
         **(extra or {}),

@@ -47,6 +47,7 @@ def flops_per_token(model_args: list[str], vocab: int = 10000, embed: int = 200,
 def run_row(name: str, args: argparse.Namespace) -> dict:
     out = CHECKPOINTS / "fofe_ptb" / name
     status = run_status(out)
+    resumed = status["epoch"] > 0
     overrides = ROWS[name] + ["--precision", args.precision, "--threads", str(args.threads),
                               "--device", args.device]
     if args.max_epochs:
@@ -74,6 +75,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
         "train_tokens_per_s": tok_s, "flops_per_token": fpt, "train_gflops": fpt * tok_s / 1e9,
         "matmul_ceiling_gflops": ceiling, "fraction_of_ceiling": fpt * tok_s / 1e9 / ceiling,
         "config": info["model"], "valid_curve": [h["valid_ppl"] for h in hist],
+        "threads": args.threads, "resumed": resumed,
     }
 
 

@@ -76,6 +76,7 @@ def _eval_words_per_s(model, stream) -> float:
 def run_rnn(name: str, args: argparse.Namespace) -> dict:
     out = CHECKPOINTS / "rnnlm_ptb" / name
     status = run_status(out)
+    resumed = status["epoch"] > 0
     opts = RNN_ROWS[name] + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
     result = train_from_cli("rnn", str(ptb_dir()), str(out), None, opts, resume=status["epoch"] > 0,
                             session_minutes=args.session_minutes)
@@ -101,7 +102,7 @@ def run_rnn(name: str, args: argparse.Namespace) -> dict:
                             "wall_time_ratio": train_seconds / FASTER_RNNLM["train_seconds"],
                             "wall_time_with_evals_ratio": (hist[-1]["wall_seconds"] if hist else 0.0)
                             / FASTER_RNNLM["train_seconds"]},
-        "threads": args.threads,
+        "threads": args.threads, "resumed": resumed,
     }
 
 

@@ -38,3 +38,18 @@ def test_rows_written_by_two_processes_at_once_all_land(tmp_path):
     doc = json.loads((tmp_path / "table.json").read_text())
     assert sorted(r["name"] for r in doc["rows"]) == sorted(f"{t}-{i}" for t in "ab" for i in range(15))
     assert {"bench", "command", "git_rev", "date", "machine"} <= set(doc)
+
+
+def test_each_row_records_its_own_runs_and_a_resumed_row_keeps_the_earlier_ones(tmp_path, monkeypatch):
+    import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    common.merge_rows("t", [{"name": "r", "v": 1}])
+    first = json.loads((tmp_path / "t.json").read_text())["rows"][0]["runs"]
+    assert len(first) == 1 and {"command", "git_rev", "started", "ended", "machine"} <= set(first[0])
+    monkeypatch.setitem(common.RUN, "started", "later")  # a new invocation
+    common.merge_rows("t", [{"name": "r", "v": 2, "resumed": True}])
+    assert len(json.loads((tmp_path / "t.json").read_text())["rows"][0]["runs"]) == 2
+    monkeypatch.setitem(common.RUN, "started", "fresh")
+    common.merge_rows("t", [{"name": "r", "v": 3}])  # started over: only this run produced it
+    assert len(json.loads((tmp_path / "t.json").read_text())["rows"][0]["runs"]) == 1
