@@ -103,7 +103,11 @@ def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -
             runs.append(here)
         else:
             runs[-1] = here
-        by_name[r["name"]] = {**r, "runs": runs}
+        first = runs[0]  # the row's own provenance is the invocation that started it; `runs` lists them all
+        by_name[r["name"]] = {**r, "command": first["command"], "git_rev": first["git_rev"],
+                              "dirty": any(x["git_rev"].endswith("-dirty") for x in runs),
+                              "started": first["started"], "ended": runs[-1]["ended"],
+                              "threads": here["machine"]["threads"], "runs": runs}
     doc = {
         "bench": name,
         "command": RUN["command"],

@@ -47,6 +47,8 @@ def test_each_row_records_its_own_runs_and_a_resumed_row_keeps_the_earlier_ones(
     common.merge_rows("t", [{"name": "r", "v": 1}])
     first = json.loads((tmp_path / "t.json").read_text())["rows"][0]["runs"]
     assert len(first) == 1 and {"command", "git_rev", "started", "ended", "machine"} <= set(first[0])
+    row = json.loads((tmp_path / "t.json").read_text())["rows"][0]
+    assert {"command", "git_rev", "dirty", "started", "ended", "threads"} <= set(row)
     monkeypatch.setitem(common.RUN, "started", "later")  # a new invocation
     common.merge_rows("t", [{"name": "r", "v": 2, "resumed": True}])
     assert len(json.loads((tmp_path / "t.json").read_text())["rows"][0]["runs"]) == 2
