@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from seqlm.config import apply_overrides
 from seqlm.data.batching import sentence_batches
 from seqlm.data.corpus import encode_sentences
 from seqlm.data.vocab import EOS, UNK, Vocab
-from seqlm.eval.perplexity import score_tokens
+from seqlm.eval.perplexity import evaluate, score_tokens
 from seqlm.protocol import LanguageModel
 from seqlm.registry import FAMILIES, NeuralFamily, new_model
 
@@ -23,12 +25,12 @@ VARIANTS = {
 }
 
 
-def make(variant: str):
+def make(variant: str, **extra):
     torch.manual_seed(0)
     name = variant.split("-")[0]
     vocab = Vocab(WORDS, [0, 0] + [30 - i for i in range(20)])
     cfg = FAMILIES[name].config()
-    apply_overrides([cfg], {"hidden": 12, "embed": 6, **VARIANTS[variant]})
+    apply_overrides([cfg], {"hidden": 12, "embed": 6, **VARIANTS[variant], **extra})
     model = new_model(name, cfg, vocab).double()
     model.eval()
     return model
@@ -91,6 +93,47 @@ def test_stream_mode_carries_state_across_sentences():
     n0 = len(SENTS[0]) + 1
     assert carried[:n0].tolist() == pytest.approx(independent[:n0].tolist(), abs=1e-9)  # same first sentence
     assert abs(carried[n0:].sum() - independent[n0:].sum()) > 1e-6  # then the history differs
+
+
+def _step_by_step(model, stream, carry: bool) -> list[float]:
+    """ln p of every token by `step`, one token at a time: the reference for both scoring modes.
+
+    carry=False: a fresh state and <s> at every sentence. carry=True: one state over the whole text,
+    which reads each </s> as the next sentence's context (rnnlm's stream).
+    """
+    out = []
+    state, tok = model.initial_state(1), torch.tensor([model.vocab.bos_id])
+    with torch.no_grad():
+        for i in range(stream.num_sentences):
+            if not carry:
+                state, tok = model.initial_state(1), torch.tensor([model.vocab.bos_id])
+            for t in stream.sentence(i).tolist():
+                logp, state = model.step(tok, state)  # (1, V)
+                out.append(float(logp[0, t]))
+                tok = torch.tensor([t])
+    return out
+
+
+@pytest.mark.parametrize("max_tokens", [4, 4096])  # 4: chunk edges fall inside sentences
+def test_stream_mode_equals_one_state_carried_token_by_token(max_tokens):
+    model = make("rnn")
+    stream = encode_sentences(SENTS, model.vocab)
+    carried = score_tokens(model, stream, stream_mode=True, max_tokens=max_tokens).logp
+    assert carried.tolist() == pytest.approx(_step_by_step(model, stream, carry=True), abs=1e-9)
+
+
+@pytest.mark.parametrize("max_tokens", [4, 4096])
+def test_a_sentence_independent_rnn_is_scored_sentence_by_sentence_in_both_modes(max_tokens, capsys):
+    model = make("rnn", sentence_independent=True)
+    stream = encode_sentences(SENTS, model.vocab)
+    reference = _step_by_step(model, stream, carry=False)
+    for stream_mode in (False, True):
+        r = evaluate(model, stream, stream_mode=stream_mode, max_tokens=max_tokens)
+        assert r["mode"] == "sentence"
+        assert r["log10prob"] == pytest.approx(sum(reference) / math.log(10), abs=1e-9)
+        logp = score_tokens(model, stream, stream_mode=stream_mode, max_tokens=max_tokens).logp
+        assert logp.tolist() == pytest.approx(reference, abs=1e-9)
+    assert "--sentence-independent" in capsys.readouterr().err  # --stream said what it did instead
 
 
 def test_registry_matches_cli_choices():

@@ -64,8 +64,8 @@ def interpolate(model_paths: Sequence[str | Path], out: str | Path, valid: str |
     source = "given" if given else "equal"
     if valid is not None:
         if stream and not mixture.can_stream:
-            print("seqlm: no component can carry state across sentences; scoring sentence by sentence",
-                  file=sys.stderr)
+            print("seqlm: no component can carry state across sentences (n-gram, feed-forward and "
+                  "--sentence-independent models cannot); scoring sentence by sentence", file=sys.stderr)
         stream_mode = stream and mixture.can_stream
         text = encode_file(valid, mixture.vocab, raw=raw)
         per_component = mixture.component_logp(text, stream_mode, max_tokens)  # (K, N)

@@ -4,7 +4,13 @@ Each sentence is scored left to right from a fresh start; every word and the fin
 predicted token, the start symbol is context only. Words outside the vocabulary are `<unk>` and are
 counted (PTB convention); the figure without them is reported too. ppl = exp(-sum(ln p) / tokens).
 With `stream=True` a model that can (see protocol.StreamingModel) carries its state across sentence
-boundaries instead, as Mikolov's rnnlm does by default.
+boundaries instead, as Mikolov's rnnlm does by default. A model trained to restart at every sentence
+(`rnn --sentence-independent`) has no stream mode: for it `stream=True` means its own mode, sentence
+by sentence (said on stderr, and `mode` in the result is "sentence"), never a mix of the two.
+
+Out of vocabulary (one definition, used by eval, bench/kn_ptb.py and rescore): a token is OOV when the
+model's vocabulary maps it to `<unk>`: a word the vocabulary lacks, or a literal `<unk>` in the text
+(PTB's stand-in for rare words). This is what KenLM's `query` counts as OOV.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = 
     starts = np.asarray(stream.starts)
     out = np.zeros(len(stream.ids), dtype=np.float64)
     try:
-        if stream_mode:
+        if stream_mode and can_stream(model):
             state, pos = None, 0
             for batch in stream_batches(stream, model.vocab.bos_id, batch_size=1, bptt=max_tokens):
                 logp, state = model.score_stream(batch.to(device), state)  # (1, T)
@@ -77,19 +83,36 @@ def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = 
 
 
 def can_stream(model: LanguageModel) -> bool:
-    """A StreamingModel, or a model that says it can (a mixture with a recurrent component)."""
+    """A StreamingModel, or a model that says it can (a mixture with a recurrent component).
+
+    A model that resets its state at every sentence (`sentence_independent`) cannot: scored as a stream
+    it would carry state inside a chunk and reset at chunk edges, mid-sentence.
+    """
+    if getattr(model, "sentence_independent", False):
+        return False
     return isinstance(model, StreamingModel) or bool(getattr(model, "can_stream", False))
+
+
+def oov_mask(stream: TokenStream, vocab) -> np.ndarray:
+    """(N,) True where a token is out of vocabulary: mapped to `<unk>` (module docstring)."""
+    return np.asarray(stream.ids) == vocab.unk_id
+
+
+def stream_refusal(model: LanguageModel) -> str:
+    """Why `--stream` falls back to sentence-by-sentence scoring for this model (stderr note)."""
+    if getattr(model, "sentence_independent", False):
+        return "seqlm: this model restarts at every sentence (--sentence-independent); scoring sentence by sentence"
+    return "seqlm: this model cannot carry state across sentences; scoring sentence by sentence"
 
 
 def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> dict:
     """The JSON `seqlm eval` prints: ppl, tokens, sentences, oov, ppl_excl_oov, log10prob, mode."""
     if stream_mode and not can_stream(model):
-        print("seqlm: this model cannot carry state across sentences; scoring sentence by sentence",
-              file=sys.stderr)
+        print(stream_refusal(model), file=sys.stderr)
         stream_mode = False
     scores = score_tokens(model, stream, stream_mode, max_tokens)
     logp = scores.logp
-    oov = np.asarray(stream.ids) == model.vocab.unk_id
+    oov = oov_mask(stream, model.vocab)
     n, n_in = len(logp), int((~oov).sum())
     total = float(logp.sum())
     total_in = float(logp[~oov].sum())
