@@ -149,6 +149,25 @@ def test_stream_mode_for_an_rnn_plus_fnn_mixture(models, tmp_path, capsys):
     assert json.loads(out)["ppl"] == pytest.approx(r["valid_ppl"], rel=1e-9)
 
 
+def test_interpolate_stream_scores_a_sentence_independent_rnn_sentence_by_sentence(models, tmp_path, capsys):
+    """--stream: the stream-trained rnn carries its state, the sentence-independent one keeps its own mode."""
+    indep = tmp_path / "indep"
+    assert main(["train", "--model", "rnn", "--data", str(models["corpus"]), "--out", str(indep), "--max-epochs", "1",
+                 "--bptt", "10", "--batch-size", "8", "--sentence-independent", "true", *TINY]) == 0
+    capsys.readouterr()
+    valid = models["corpus"] / "valid.txt"
+    code, out, err = run(capsys, "interpolate", models["rnn"], indep, "--valid", valid, "--stream",
+                         "--out", tmp_path / "mix")
+    assert code == 0, err
+    r = json.loads(out)
+    rnn_stream = json.loads(run(capsys, "eval", models["rnn"], "--text", valid, "--stream")[1])["ppl"]
+    indep_sentence = json.loads(run(capsys, "eval", indep, "--text", valid)[1])["ppl"]
+    assert r["mode"] == "stream" and r["component_valid_ppl"] == pytest.approx([rnn_stream, indep_sentence], rel=1e-9)
+    code, out, err = run(capsys, "interpolate", indep, "--valid", valid, "--stream", "--out", tmp_path / "alone")
+    assert code == 0 and json.loads(out)["mode"] == "sentence" and "--sentence-independent" in err
+    assert json.loads(out)["valid_ppl"] == pytest.approx(indep_sentence, rel=1e-9)
+
+
 def test_train_mix_says_to_use_interpolate(models, tmp_path, capsys):
     code, _, err = run(capsys, "train", "--model", "mix", "--data", models["corpus"], "--out", tmp_path / "m")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "seqlm interpolate" in err
