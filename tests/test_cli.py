@@ -153,3 +153,27 @@ def test_console_entry_point_runs_as_a_module(tmp_path):
 def test_help_config_lists_every_option_with_its_default(capsys):
     code, out, _ = run(capsys, "train", "--model", "fofe", "--help-config")
     assert code == 0 and "--alpha" in out and "0.7" in out and "--max-vocab" in out and "--lr" in out
+
+
+def test_every_option_of_every_subcommand_has_a_one_line_help():
+    import argparse
+
+    from seqlm.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, sub in [("seqlm", parser), *commands.items()]:
+        for action in sub._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            what = f"seqlm {name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help and "\n" not in action.help, f"{what} has no one-line help"
+
+
+def test_version_and_train_help_without_mix():
+    from importlib.metadata import version
+
+    proc = subprocess.run([sys.executable, "-m", "seqlm", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"seqlm {version('seqlm')}"
+    proc = subprocess.run([sys.executable, "-m", "seqlm", "train", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "{kn,fnn,fofe,rnn" in proc.stdout and "mix" not in proc.stdout

@@ -19,6 +19,23 @@ class _Parser(argparse.ArgumentParser):
         raise SeqlmError(f"{self.prog}: {message} (see --help)")
 
 
+def trainable_families() -> list[str]:
+    """The families `seqlm train` can train: all but those built from saved models (a mixture)."""
+    from seqlm.registry import FAMILIES, MixtureFamily
+
+    return [name for name, fam in FAMILIES.items() if not isinstance(fam, MixtureFamily)]
+
+
+def _family_name(name: str) -> str:
+    """--model: a known family (`mix` passes, so that training it says how mixtures are built instead)."""
+    from seqlm.registry import FAMILIES
+
+    if name not in FAMILIES:
+        raise argparse.ArgumentTypeError(f"unknown model family {name!r}; choose one of: "
+                                         f"{', '.join(trainable_families())}")
+    return name
+
+
 def _text_stream(model, args):
     from seqlm.data.corpus import encode_file
     from seqlm.data.datasets import resolve_corpus, split_path
@@ -151,15 +168,18 @@ def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from seqlm.registry import FAMILIES
+    from seqlm import __version__
+    from seqlm.registry import DEFAULT_FAMILY
 
     p = _Parser(prog="seqlm", description="Train, evaluate and use language models.")
+    p.add_argument("--version", action="version", version=f"seqlm {__version__}", help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help=cmd_train.__doc__,
                        description="Model and training options (--hidden, --lr, --max-epochs, ...) follow as "
                                    "--key value; `seqlm train --model NAME --help-config` lists them.")
-    t.add_argument("--model", choices=list(FAMILIES), default=None, help="model family (default: the best one)")
+    t.add_argument("--model", type=_family_name, default=None, metavar="{" + ",".join(trainable_families()) + "}",
+                   help=f"model family to train (default {DEFAULT_FAMILY}, the best one measured)")
     t.add_argument("--data", default="ptb", help="dataset name (ptb) or corpus directory")
     t.add_argument("--out", default=None, help="model directory to write (default runs/FAMILY)")
     t.add_argument("--config", default=None, help="YAML file of options")
@@ -186,28 +206,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_score)
 
     g = sub.add_parser("generate", help=cmd_generate.__doc__)
-    g.add_argument("model_dir")
-    g.add_argument("--num", type=int, default=5)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--max-len", type=int, default=100)
+    g.add_argument("model_dir", help="model directory (or an .arpa file)")
+    g.add_argument("--num", type=int, default=5, help="number of sentences to sample")
+    g.add_argument("--seed", type=int, default=0, help="random seed (the same seed gives the same sentences)")
+    g.add_argument("--temperature", type=float, default=1.0, help="divide the log-probabilities by this (<1: safer)")
+    g.add_argument("--max-len", type=int, default=100, help="stop a sentence after this many words")
     g.set_defaults(func=cmd_generate)
 
     i = sub.add_parser("info", help=cmd_info.__doc__)
-    i.add_argument("model_dir")
+    i.add_argument("model_dir", help="model directory (or an .arpa file)")
     i.set_defaults(func=cmd_info)
 
     pl = sub.add_parser("plot", help=cmd_plot.__doc__)
-    pl.add_argument("model_dirs", nargs="+")
-    pl.add_argument("--out", default="learning_curves.png")
+    pl.add_argument("model_dirs", nargs="+", help="model directories with a metrics.jsonl (one curve each)")
+    pl.add_argument("--out", default="learning_curves.png", help="PNG file to write")
     pl.set_defaults(func=cmd_plot)
     fc = sub.add_parser("fofe-collisions", help=cmd_fofe_collisions.__doc__)
     fc.add_argument("--alphas", help="comma-separated forgetting factors (default 0.05..1.0 step 0.05)")
     fc.add_argument("--epsilons", help="comma-separated thresholds (default 0.01,0.001,0.0001)")
     fc.add_argument("--max-len", type=int, default=20, help="sequence length T of the simulation")
     fc.add_argument("--data", help="also check every prefix of this corpus's train split (e.g. ptb)")
-    fc.add_argument("--out-json", default="fofe_collisions.json")
-    fc.add_argument("--out-png", default="fofe_collisions.png")
+    fc.add_argument("--out-json", default="fofe_collisions.json", help="JSON file of the counts to write")
+    fc.add_argument("--out-png", default="fofe_collisions.png", help="PNG plot of the counts to write")
     fc.add_argument("--verbose", action="store_true", help="print colliding examples too")
     fc.set_defaults(func=cmd_fofe_collisions)
 
