@@ -22,10 +22,12 @@ from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.models import kn
+from seqlm.models.afp import AFPConfig, afp_batches, build_afp
 from seqlm.models.fnn import FNNConfig, build_fnn
 from seqlm.models.fofe import FOFEConfig, build_fofe
 from seqlm.models.mixture import NOT_TRAINED, MixtureConfig, load_mixture, save_mixture
 from seqlm.models.rnn import RNNConfig, build_rnn, rnn_batches
+from seqlm.models.transformer import TransformerConfig, build_transformer
 from seqlm.train.loop import Batches, fit
 from seqlm.train.steps import StepFn, sentence_step, tbptt_step
 
@@ -169,6 +171,14 @@ FAMILIES: dict[str, Family] = {
     "rnn": NeuralFamily(
         summary="Elman RNN LM (Mikolov et al. 2011): truncated BPTT, class-factorised output",
         config=RNNConfig, build=build_rnn, batches=rnn_batches, step=tbptt_step,
+    ),
+    "transformer": NeuralFamily(
+        summary="decoder-only Transformer LM (pre-norm, causal attention, key/value cache for generation)",
+        config=TransformerConfig, build=build_transformer, batches=packed, step=sentence_step,
+    ),
+    "afp": NeuralFamily(
+        summary="Elman RNN LM with approximate fixed-point histories: K parallel iterations, order K+1 context",
+        config=AFPConfig, build=build_afp, batches=afp_batches, step=tbptt_step,
     ),
     "mix": MixtureFamily(
         summary="linear interpolation of saved models (rnnlm-extensions.txt); built by `seqlm interpolate`",

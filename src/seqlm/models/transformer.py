@@ -1,0 +1,186 @@
+"""Decoder-only Transformer LM (Vaswani et al. 2017; the sequence model of discrete-autoencoders.txt).
+
+Pre-norm blocks (seqlm.nn.transformer) over token embeddings plus learned or sinusoidal positions, a final
+layer norm and a softmax whose weights are the input embeddings when `tie_embeddings` is set.
+
+Context window. A prediction attends to at most `context` (W) earlier tokens of its own sentence (sentence
+mode) or of the text (stream mode). Text longer than W is read in windows: the first W tokens in one
+window, then S = `stride` new tokens at a time, each window re-reading the W - S tokens before them with
+positions counted from the window's start. `step` follows the same windows with a key/value cache: when
+the cache is full it is rebuilt from the last W - S tokens, so generation costs O(W) a token, never
+O(length^2), and gives the probabilities `score` gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqlm.config import TrainConfig, choice, dropout_rate, positive
+from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
+from seqlm.nn.transformer import Block, segment_layout, sinusoidal_positions
+from seqlm.protocol import Batch
+
+SIZES = {  # the paper's configurations (discrete-autoencoders.txt, "Transformer"): layers, d_model, d_ff, heads
+    "base": (6, 512, 4096, 8),  # "6 layers, hidden size of 512 and filter size of 4096"
+    "small": (3, 384, 2048, 6),  # the noise ablation's "3 layers, hidden size of 384 and filter size of 2048"
+}
+
+
+def _transformer_training() -> TrainConfig:
+    # Adam with the loop's per-epoch halving: a CPU-sized recipe (rows of `context` packed tokens).
+    return TrainConfig(optimizer="adam", lr=1e-3, batch_size=32, bptt=128, min_improvement=1.0, halving_epochs=3,
+                       clip=1.0, max_epochs=20, precision="bf16")
+
+
+@dataclass
+class TransformerConfig:
+    size: str = ""  # "" = the fields below; small (3 x 384, filter 2048) | base (6 x 512, 4096): sets all four
+    layers: int = 4  # Transformer blocks
+    d_model: int = 256  # hidden size
+    heads: int = 4  # attention heads (d_model must be a multiple)
+    d_ff: int = 1024  # feed-forward ("filter") size
+    context: int = 128  # W: the most tokens a prediction attends to; learned positions go up to W
+    stride: int = 0  # S: new tokens per window when a text is longer than W; 0 = W / 2
+    positions: str = "learned"  # learned | sinusoidal
+    tie_embeddings: bool = True  # output softmax weights = input embeddings
+    dropout: float = 0.1  # on embeddings, attention weights and sub-layer outputs
+    train: TrainConfig = field(default_factory=_transformer_training)
+
+    def __post_init__(self) -> None:
+        choice("size", self.size, ("", *SIZES))
+        if self.size:
+            self.layers, self.d_model, self.d_ff, self.heads = SIZES[self.size]
+        positive(self, "layers", "d_model", "heads", "d_ff", "context")
+        choice("positions", self.positions, ("learned", "sinusoidal"))
+        dropout_rate(self.dropout)
+        if self.d_model % self.heads:
+            raise SeqlmError(f"--d-model ({self.d_model}) must be a multiple of --heads ({self.heads})")
+        if self.context < 2 or not 0 <= self.stride < self.context:
+            raise SeqlmError(f"--context must be at least 2 and --stride in [0, context); got {self.context}, "
+                             f"{self.stride}")
+
+    @property
+    def window_stride(self) -> int:
+        return self.stride or self.context // 2
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, vocab: Vocab, layers: int, d_model: int, heads: int, d_ff: int, context: int, stride: int,
+                 positions: str, tie_embeddings: bool, dropout: float):
+        super().__init__()
+        self.vocab, self.context, self.stride = vocab, context, stride
+        self.embed = nn.Embedding(len(vocab), d_model)
+        if positions == "learned":
+            self.pos = nn.Parameter(torch.zeros(context, d_model))
+        else:
+            self.register_buffer("pos", sinusoidal_positions(context, d_model), persistent=False)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(d_model, heads, d_ff, dropout) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
+        # tied: no separate parameter, so safetensors never sees two names for one tensor
+        self.out = None if tie_embeddings else nn.Linear(d_model, len(vocab), bias=False)
+        self.apply(_init)
+        if positions == "learned":
+            nn.init.normal_(self.pos, std=0.02)
+
+    # -- the network ---------------------------------------------------------------------------------------
+    def run(self, x: Tensor, resets: Tensor) -> tuple[Tensor, list]:
+        """Input vectors (B, L, D) of rows of segments (L <= context) -> final hidden (B, L, D), per-layer K/V."""
+        pos, mask = segment_layout(resets)  # (B, L), (B, 1, L, L)
+        h = self.drop(x + self.pos[pos])  # (B, L, D)
+        kvs = []
+        for block in self.blocks:
+            h, kv = block(h, mask)
+            kvs.append(kv)
+        return self.norm(h), kvs
+
+    def logits(self, h: Tensor) -> Tensor:
+        w = self.embed.weight if self.out is None else self.out.weight
+        return h @ w.t()  # (..., V)
+
+    def windows(self, x: Tensor, resets: Tensor, n_hist: int = 0) -> Tensor:
+        """Final hidden (B, L - n_hist, D) of columns n_hist.. of (B, L) rows, read in the windows of the module
+        docstring: one window [0, W), then windows [e - (W - S), e + S) for e = W, W + S, ...
+
+        All windows of all rows go through the network as one batch.
+        """
+        B, L, _ = x.shape
+        W, S = self.context, self.stride
+        if L <= W:
+            return self.run(x, resets)[0][:, n_hist:]
+        firsts = [0] + [e - (W - S) for e in range(W, L, S)]  # window starts; the last may run past L
+        idx = torch.tensor(firsts, device=x.device).unsqueeze(1) + torch.arange(W, device=x.device)  # (N, W)
+        idx = idx.clamp(max=L - 1)  # columns past the end repeat the last one; their outputs are dropped
+        xw = x[:, idx].flatten(0, 1)  # (B*N, W, D)
+        rw = resets[:, idx].flatten(0, 1)  # (B*N, W)
+        h = self.run(xw, rw)[0].view(B, len(firsts), W, -1)  # (B, N, W, D)
+        parts = [h[:, 0, n_hist:W]] + [h[:, k, W - S :] for k in range(1, len(firsts))]
+        return torch.cat(parts, dim=1)[:, : L - n_hist]  # (B, L - n_hist, D)
+
+    def _target_logp(self, h: Tensor, batch: Batch) -> Tensor:
+        logp = F.log_softmax(self.logits(h).float(), dim=-1)  # (B, T, V)
+        logp = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        return logp.masked_fill(~batch.mask, 0.0)
+
+    # -- the protocol --------------------------------------------------------------------------------------
+    def forward(self, batch: Batch, state: None = None) -> tuple[Tensor, None]:
+        h = self.windows(self.embed(batch.inputs), batch.resets)  # (B, T, D)
+        return self._target_logp(h, batch), None
+
+    def score(self, batch: Batch) -> Tensor:
+        return self(batch)[0]
+
+    def score_stream(self, batch: Batch, state: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Stream mode: the state is the last W - S inputs read (B, <= W - S), the context of the next call."""
+        inputs, resets = batch.inputs, batch.resets
+        if state is not None and state.shape[1] and not bool(resets[:, 0].all()):
+            inputs = torch.cat([state, inputs], dim=1)  # (B, h + T)
+            resets = torch.cat([torch.zeros_like(state, dtype=torch.bool), resets], dim=1)
+        n_hist = inputs.shape[1] - batch.inputs.shape[1]
+        h = self.windows(self.embed(inputs), resets, n_hist)  # (B, T, D)
+        keep = self.context - self.stride
+        return self._target_logp(h, batch), inputs[:, -keep:]
+
+    def initial_state(self, batch_size: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs read in the current window (B, n), keys and values (B, layers, heads, n, head_dim))."""
+        dev = self.embed.weight.device
+        first = self.blocks[0].attn
+        d_head = self.embed.embedding_dim // first.heads
+        kv = torch.zeros(batch_size, len(self.blocks), first.heads, 0, d_head, device=dev)
+        return torch.zeros(batch_size, 0, dtype=torch.long, device=dev), kv, kv.clone()
+
+    def step(self, tokens: Tensor, state: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, tuple]:
+        ids, k, v = state
+        if ids.shape[1] == self.context:  # window full: rebuild the cache from the last W - S inputs
+            ids = ids[:, self.stride :]
+            _, kvs = self.run(self.embed(ids), torch.zeros_like(ids, dtype=torch.bool))
+            k = torch.stack([kv[0] for kv in kvs], dim=1)  # (B, layers, H, W - S, Dh)
+            v = torch.stack([kv[1] for kv in kvs], dim=1)
+        n = ids.shape[1]
+        h = self.drop(self.embed(tokens) + self.pos[n]).unsqueeze(1)  # (B, 1, D)
+        ks, vs = [], []
+        for i, block in enumerate(self.blocks):
+            h, (ki, vi) = block(h, None, (k[:, i], v[:, i]))
+            ks.append(ki)
+            vs.append(vi)
+        logp = F.log_softmax(self.logits(self.norm(h[:, 0])).float(), dim=-1)  # (B, V)
+        ids = torch.cat([ids, tokens.view(-1, 1)], dim=1)  # (B, n + 1)
+        return logp, (ids, torch.stack(ks, dim=1), torch.stack(vs, dim=1))
+
+
+def _init(m: nn.Module) -> None:
+    if isinstance(m, (nn.Linear, nn.Embedding)):  # GPT-2's N(0, 0.02)
+        nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
+def build_transformer(cfg: TransformerConfig, vocab: Vocab) -> TransformerLM:
+    return TransformerLM(vocab, layers=cfg.layers, d_model=cfg.d_model, heads=cfg.heads, d_ff=cfg.d_ff,
+                         context=cfg.context, stride=cfg.window_stride, positions=cfg.positions,
+                         tie_embeddings=cfg.tie_embeddings, dropout=cfg.dropout)
