@@ -80,6 +80,9 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
     from seqlm.eval.perplexity import evaluate
 
     model = seqlm.load(args.model_dir)
+    if args.iterations is not None:  # another history rule for an Elman model (seqlm.models.afp)
+        from seqlm.models.afp import parse_iterations, with_iterations
+        model = with_iterations(model, parse_iterations(args.iterations))
     print(json.dumps(evaluate(model, _text_stream(model, args), stream_mode=args.stream)))
 
 
@@ -121,7 +124,8 @@ def cmd_info(args: argparse.Namespace, rest: list[str]) -> None:
     model = seqlm.load(args.model_dir)
     params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
     print(json.dumps({"family": model.family, "config": asdict(model.config), "parameters": params,
-                      "vocab_size": len(model.vocab)}, indent=2))
+                      "vocab_size": len(model.vocab)}
+                     | ({"history": model.history} if hasattr(model, "history") else {}), indent=2))
 
 
 def cmd_plot(args: argparse.Namespace, rest: list[str]) -> None:
@@ -198,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help=cmd_eval.__doc__)
     text_args(e)
     e.add_argument("--stream", action="store_true", help="carry state across sentences (recurrent models)")
+    e.add_argument("--iterations", metavar="K|exact", help="Elman models: evaluate with K fixed-point iterations, "
+                   "or exactly (default: the model's own history rule)")
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("score", help=cmd_score.__doc__)
