@@ -23,7 +23,6 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.models import kn
 from seqlm.models.afp import AFPConfig, afp_batches, build_afp
-from seqlm.models.afp import AFPConfig, afp_batches, build_afp
 from seqlm.models.fnn import FNNConfig, build_fnn
 from seqlm.models.fofe import FOFEConfig, build_fofe
 from seqlm.models.mixture import NOT_TRAINED, MixtureConfig, load_mixture, save_mixture
@@ -176,10 +175,6 @@ FAMILIES: dict[str, Family] = {
     "transformer": NeuralFamily(
         summary="decoder-only Transformer LM (pre-norm, causal attention, key/value cache for generation)",
         config=TransformerConfig, build=build_transformer, batches=packed, step=sentence_step,
-    ),
-    "afp": NeuralFamily(
-        summary="Elman RNN LM with approximate fixed-point histories: K parallel iterations, order K+1 context",
-        config=AFPConfig, build=build_afp, batches=afp_batches, step=tbptt_step,
     ),
     "afp": NeuralFamily(
         summary="Elman RNN LM with approximate fixed-point histories: K parallel iterations, order K+1 context",
