@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from seqlm.api import generate, load, save, score_sentence, score_text
+from seqlm.ngram.query import NgramModel  # KenLM-style query API over n-gram models (docs/ngram.md)
 
-__all__ = ["load", "save", "score_sentence", "score_text", "generate"]
+__all__ = ["load", "save", "score_sentence", "score_text", "generate", "NgramModel"]
 __version__ = "0.1.0"

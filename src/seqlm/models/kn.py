@@ -2,21 +2,26 @@
 
 The estimator and the model live in seqlm.ngram; this file is the glue the registry and CLI use:
 the config (`seqlm train --model kn --order 5`), estimation from an encoded corpus, and the model
-directory's `model.arpa` (a plain ARPA file any KenLM/SRILM tool reads).
+directory's `model.arpa` (a plain ARPA file any KenLM/SRILM tool reads) with `model.bin` beside it
+(seqlm's memory-mapped binary, ngram/binary.py), which loading prefers.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from seqlm.data.corpus import TokenStream
-from seqlm.data.vocab import Vocab
+from seqlm.data.vocab import BOS, Vocab
 from seqlm.errors import SeqlmError
+from seqlm.ngram.binary import is_binary, read_binary, write_binary
 from seqlm.ngram.kneser_ney import estimate_model
 from seqlm.ngram.model import NGramModel
+from seqlm.ngram.prune import prune_entropy
 
 ARPA = "model.arpa"
+BINARY = "model.bin"
 MAX_ORDER = 9
 
 
@@ -25,11 +30,46 @@ class KNConfig:
     order: int = 5  # n: predicts from the previous n-1 words
     # D1 D2 D3+ used for an order whose count-of-counts are too sparse (lmplz --discount_fallback)
     discount_fallback: str = "0.5 1 1.5"
+    # lmplz --prune: per order, drop n-grams seen at most this often ("0 1": singleton bigrams and up)
+    prune: str = "0"
+    # SRILM -prune: drop n-grams whose removal raises the relative entropy less than this (Stolcke 1998)
+    prune_entropy: float = 0.0
+    # lmplz -S: counting memory (e.g. 1G, 300M); beyond it sorted runs spill to disk; "" = unbounded
+    memory: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.order <= MAX_ORDER:
             raise SeqlmError(f"--order must be between 1 and {MAX_ORDER} for kn, got {self.order}")
-        _ = self.fallback  # validate now, not at estimation time
+        _ = self.fallback, self.thresholds, self.memory_bytes  # validate now, not at estimation time
+        if not self.prune_entropy >= 0:
+            raise SeqlmError(f"--prune-entropy must be >= 0 (e.g. 1e-8), got {self.prune_entropy}")
+
+    @property
+    def thresholds(self) -> tuple[int, ...]:
+        """The --prune counts per order: integers >= 0, non-decreasing, 0 for unigrams (as lmplz)."""
+        try:
+            t = tuple(int(x) for x in str(self.prune).replace(",", " ").split())
+        except ValueError:
+            t = ()
+        if not t or t[0] != 0 or any(x < 0 for x in t) or list(t) != sorted(t):
+            raise SeqlmError(f"--prune must be non-decreasing counts starting with 0 (unigrams are never "
+                             f"pruned), e.g. --prune 0 1 1; got {self.prune!r}")
+        return t
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """--memory as bytes (suffixes K, M, G, T as lmplz -S; no suffix: bytes); None when unset."""
+        text = str(self.memory).strip().upper().removesuffix("B")
+        if not text:
+            return None
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(text[-1:], 1)
+        try:
+            value = float(text[:-1] if scale > 1 else text) * scale
+        except ValueError:
+            value = 0
+        if value < 2**20:
+            raise SeqlmError(f"--memory must be a size of at least 1M, like 1G or 300M; got {self.memory!r}")
+        return int(value)
 
     @property
     def fallback(self) -> tuple[float, float, float]:
@@ -45,24 +85,38 @@ class KNConfig:
 
 
 def estimate_kn(cfg: KNConfig, train: TokenStream, vocab: Vocab) -> NGramModel:
-    """Estimate from the encoded training text; `vocab` is the training vocabulary (OOVs already <unk>)."""
-    return estimate_model(train, vocab, cfg.order, cfg.fallback)
+    """Estimate from the encoded training text; `vocab` is the training vocabulary (OOVs already <unk>).
+
+    A resumed model directory hands back the model's own vocabulary, which ends with <s>: estimation
+    is deterministic, so resuming re-estimates from the same text with the training vocabulary.
+    """
+    if vocab.itos[-1] == BOS and vocab.counts[-1] == 0:  # the model vocabulary: <s> appended, never seen
+        print("kn: estimation has no epochs to resume; re-estimating from the training text", file=sys.stderr)
+        vocab = Vocab(vocab.itos[:-1], vocab.counts[:-1])
+    model = estimate_model(train, vocab, cfg.order, cfg.fallback, cfg.thresholds, cfg.memory_bytes)
+    if cfg.prune_entropy > 0:
+        model = prune_entropy(model, cfg.prune_entropy)
+    return model
 
 
 def save_kn(model: NGramModel, out_dir: Path) -> None:
-    """Write out_dir/model.arpa (atomically)."""
+    """Write out_dir/model.arpa and the binary out_dir/model.bin beside it (each atomically)."""
     model.to_arpa(Path(out_dir) / ARPA)
+    write_binary(model, Path(out_dir) / BINARY)
 
 
 def load_kn(model_dir: Path) -> NGramModel:
-    """Read model_dir/model.arpa (or model.arpa.gz)."""
+    """Map model_dir/model.bin when present and not older than the ARPA file; else read model.arpa[.gz]."""
     model_dir = Path(model_dir)
-    for name in (ARPA, ARPA + ".gz"):
-        if (model_dir / name).is_file():
-            return NGramModel.from_arpa(model_dir / name)
+    arpas = [model_dir / name for name in (ARPA, ARPA + ".gz") if (model_dir / name).is_file()]
+    binary = model_dir / BINARY
+    if binary.is_file() and all(binary.stat().st_mtime >= a.stat().st_mtime for a in arpas):
+        return read_binary(binary)
+    if arpas:
+        return NGramModel.from_arpa(arpas[0])
     raise SeqlmError(f"{model_dir / ARPA}: ARPA file missing; restore it or retrain (seqlm train --model kn)")
 
 
-def load_arpa_file(path: Path) -> NGramModel:
-    """A stand-alone ARPA file (KenLM, SRILM or seqlm), plain or gzipped."""
-    return NGramModel.from_arpa(path)
+def load_ngram_file(path: Path) -> NGramModel:
+    """A stand-alone model file: seqlm's binary (recognised by its magic) or ARPA (KenLM, SRILM, seqlm)."""
+    return read_binary(path) if is_binary(path) else NGramModel.from_arpa(path)

@@ -7,6 +7,7 @@ The estimator is a pipeline of stages, each a plain function of arrays (see `est
     compute_discounts     adjusted counts        -> Discount (D1, D2, D3+) per order
     initial_probabilities counts, adjusted, D    -> Initial: discounted u(w|c) and gamma(c) per order
     interpolate           counts, Initial        -> log10 p(w|c) and log10 back-off per order (ARPA form)
+    drop_pruned           keys, p, bo, pruned    -> the tables without the pruned n-grams (renumbered)
     write_arpa            tokens, keys, p, bo    -> .arpa / .arpa.gz (arpa.py; NGramModel.to_arpa)
 
 KenLM conventions reproduced exactly (checked against lmplz's output in tests/test_kn.py):
@@ -23,6 +24,13 @@ KenLM conventions reproduced exactly (checked against lmplz's output in tests/te
   (0 in log10 when c is never followed by anything).
 The `<s>` unigram is written with log10 p 0, as lmplz writes it (SRILM writes -99); either way `<s>`
 is never predicted, and the reader ignores the value.
+
+Count pruning (lmplz --prune t1 t2 ..., `prune_marks`): an n-gram of order k >= 2 whose raw count is
+at or below t_k is marked (lmplz compares the raw occurrence count of lower orders too, its
+`actual_counts`; with non-decreasing thresholds no kept n-gram then loses its context or suffix).
+Discounts still come from every n-gram; a marked n-gram keeps its share of the denominator a(c.)
+but its whole adjusted count goes to gamma(c) instead of u, so the model stays normalised, and it is
+left out of the tables after interpolation.
 """
 
 from __future__ import annotations
@@ -113,15 +121,32 @@ def compute_discounts(
     return out
 
 
+def prune_marks(counts: NGramCounts, thresholds: list[int]) -> list[np.ndarray] | None:
+    """Stage `prune` (lmplz --prune): (M_k,) bool per order, True where the raw count <= threshold.
+
+    `thresholds` has one value per order (the last repeats); the unigram threshold must be 0.
+    """
+    if not any(thresholds):
+        return None
+    t = list(thresholds) + [thresholds[-1]] * (counts.order - len(thresholds))
+    return [np.zeros(len(counts.keys[0]), dtype=bool)] + [
+        counts.counts[k - 1] <= t[k - 1] for k in range(2, counts.order + 1)
+    ]
+
+
 def initial_probabilities(
-    counts: NGramCounts, adjusted: list[np.ndarray], discounts: list[Discount]
+    counts: NGramCounts, adjusted: list[np.ndarray], discounts: list[Discount],
+    pruned: list[np.ndarray] | None = None,
 ) -> Initial:
-    """Stage `initial probabilities`: u(w|c) = (a(cw) - D(a(cw))) / a(c.), gamma(c) = sum D / a(c.)."""
+    """Stage `initial probabilities`: u(w|c) = (a(cw) - D(a(cw))) / a(c.), gamma(c) = sum D / a(c.).
+
+    A pruned n-gram gives all of a(cw) to gamma(c) and gets u = 0 (lmplz's CutoffCount).
+    """
     us, gammas = [], []
     for k, (a, disc) in enumerate(zip(adjusted, discounts, strict=True), 1):
         ctx = counts.prefix(k) if k > 1 else np.zeros(len(a), dtype=np.int64)  # (M_k,)
         n_ctx = len(counts.keys[k - 2]) if k > 1 else 1
-        taken = disc(a)  # (M_k,)
+        taken = disc(a) if pruned is None else np.where(pruned[k - 1], a, disc(a))  # (M_k,)
         total = np.bincount(ctx, weights=a, minlength=n_ctx)  # (M_{k-1},) a(c.)
         mass = np.bincount(ctx, weights=taken, minlength=n_ctx)  # (M_{k-1},) left for lower orders
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -150,26 +175,58 @@ def interpolate(counts: NGramCounts, initial: Initial) -> tuple[list[np.ndarray]
     return log_p, backoffs
 
 
+def drop_pruned(
+    keys: list[np.ndarray], log_p: list[np.ndarray], backoffs: list[np.ndarray], pruned: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Stage `drop`: remove marked n-grams and renumber. A kept n-gram's context is kept (thresholds
+    never decrease with the order), so the new prefix ids are the ranks among the kept n-grams below."""
+    V = len(keys[0])
+    new_id = np.arange(V, dtype=np.int64)  # (M_1,) unigrams are never pruned
+    out_k, out_p, out_b = [keys[0]], [log_p[0]], [backoffs[0]] if backoffs else []
+    for k in range(2, len(keys) + 1):
+        keep = ~pruned[k - 1]  # (M_k,)
+        kept = keys[k - 1][keep]
+        out_k.append(new_id[kept // V] * V + kept % V)  # order preserved: new_id is increasing
+        out_p.append(log_p[k - 1][keep])
+        if k < len(keys):
+            out_b.append(backoffs[k - 1][keep])
+        new_id = np.cumsum(keep) - 1  # (M_k,) id among the kept n-grams of order k
+    return out_k, out_p, out_b
+
+
 def estimate(
     stream: TokenStream,
     vocab_size: int,
     bos_id: int,
     order: int,
     fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS,
+    prune: tuple[int, ...] = (0,),
+    counts: NGramCounts | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[Discount]]:
-    """Run the stages: TokenStream -> (keys, log10 p, log10 back-off, discounts) per order."""
-    counts = count_ngrams(stream, bos_id, vocab_size, order)
+    """Run the stages: TokenStream -> (keys, log10 p, log10 back-off, discounts) per order.
+
+    `counts` may be given already counted (the bounded-memory counter, external.py).
+    """
+    counts = counts or count_ngrams(stream, bos_id, vocab_size, order)
     adjusted = adjust_counts(counts)
     discounts = compute_discounts(adjusted, fallback)
-    initial = initial_probabilities(counts, adjusted, discounts)
+    pruned = prune_marks(counts, list(prune))
+    initial = initial_probabilities(counts, adjusted, discounts, pruned)
+    del adjusted
     log_p, backoffs = interpolate(counts, initial)
-    return counts.keys, log_p, backoffs, discounts
+    if pruned is None:
+        return counts.keys, log_p, backoffs, discounts
+    return *drop_pruned(counts.keys, log_p, backoffs, pruned), discounts
 
 
 def estimate_model(
-    stream: TokenStream, vocab: Vocab, order: int, fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS
+    stream: TokenStream, vocab: Vocab, order: int, fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS,
+    prune: tuple[int, ...] = (0,),
+    memory: int | None = None,
 ) -> NGramModel:
     """Estimate a KN model from `stream`, encoded with the training `vocab` (which has no <s>).
+
+    `prune`: lmplz's --prune thresholds; `memory`: bytes for counting (None: all in memory).
 
     The model's vocabulary is `vocab` with <s> appended, so training ids stay valid model ids.
     """
@@ -178,5 +235,11 @@ def estimate_model(
     if len(stream.ids) and (int(np.max(stream.ids)) >= len(vocab) or int(np.min(stream.ids)) < 0):
         raise SeqlmError("training ids outside the vocabulary; re-encode the text with this vocabulary")
     model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])
-    keys, log_p, backoffs, _ = estimate(stream, len(model_vocab), model_vocab.bos_id, order, fallback)
+    counts = None
+    if memory is not None:  # counting in bounded memory: sorted runs on disk, merged (external.py)
+        from seqlm.ngram.external import count_ngrams_bounded
+
+        counts = count_ngrams_bounded(stream, model_vocab.bos_id, len(model_vocab), order, memory)
+    keys, log_p, backoffs, _ = estimate(stream, len(model_vocab), model_vocab.bos_id, order, fallback, prune,
+                                        counts)
     return NGramModel(model_vocab, keys, log_p, backoffs)

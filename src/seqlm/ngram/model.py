@@ -24,6 +24,7 @@ from torch import Tensor
 from seqlm.data.vocab import BOS, EOS, UNK, Vocab
 from seqlm.errors import SeqlmError
 from seqlm.ngram.arpa import ArpaData, read_arpa, write_arpa
+from seqlm.ngram.index import lookup
 from seqlm.protocol import Batch
 
 LN10 = math.log(10.0)
@@ -39,6 +40,7 @@ class NGramModel:
         keys: list[np.ndarray],
         log10_prob: list[np.ndarray],
         log10_backoff: list[np.ndarray],
+        index: list[np.ndarray | None] | None = None,
     ):
         if BOS not in vocab.stoi:
             raise SeqlmError(f"an n-gram model's vocabulary must contain {BOS}")
@@ -49,6 +51,8 @@ class NGramModel:
         self.keys = [np.ascontiguousarray(k, dtype=np.int64) for k in keys]  # (M_k,) sorted
         self.log10_prob = [np.asarray(p, dtype=np.float32) for p in log10_prob]  # (M_k,)
         self.log10_backoff = [np.asarray(b, dtype=np.float32) for b in log10_backoff]  # (M_k,) k < N
+        # hash slot tables per order (index.py), as the binary format stores them; None: binary search
+        self.index = list(index) if index is not None else [None] * self.order
 
     def __repr__(self) -> str:
         return f"NGramModel(order={self.order}, sizes={self.sizes})"
@@ -71,7 +75,9 @@ class NGramModel:
         keys = self.keys[k - 1]
         if len(keys) == 0:
             return np.full(np.broadcast(context, words).shape, -1, dtype=np.int64)
-        query = context * V + words  # (...) int64
+        query = np.where((context >= 0) & (words >= 0), context * V + words, -1)  # (...) int64
+        if self.index[k - 1] is not None:
+            return lookup(self.index[k - 1], keys, query)
         at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)  # (...)
         return np.where((context >= 0) & (words >= 0) & (keys[at] == query), at, -1)
 
@@ -93,12 +99,32 @@ class NGramModel:
 
     def log10_score(self, inputs: np.ndarray, starts: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """(B, T) float64 log10 p(target | inputs so far), walking from the unigram up to the full context."""
+        return self.walk(inputs, starts, targets)[0]
+
+    def walk(self, inputs: np.ndarray, starts: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(B, T) log10 p(target | inputs so far) and the length of the longest n-gram matched (KenLM's).
+
+        Each order is one lookup over all positions. When every input repeats the previous target (any
+        sentence batch), the (k+1)-gram ending at target t is the context of order k+1 at t+1, so the
+        contexts come free with the hits: N-1 lookups instead of 2(N-1).
+        """
         logp = self.log10_prob[0][np.clip(targets, 0, len(self.vocab) - 1)].astype(np.float64)  # (B, T)
-        for k, ctx in enumerate(self.context_ids(inputs, starts), 1):  # ctx: (B, T) ids at order k
+        length = np.ones(targets.shape, dtype=np.int64)  # (B, T)
+        chained = np.array_equal(inputs[:, 1:][~starts[:, 1:]], targets[:, :-1][~starts[:, 1:]])
+        ctx = self.find(1, inputs, inputs) if self.order > 1 else None  # (B, T) ids at order 1
+        for k in range(1, self.order):  # ctx: (B, T) ids at order k of the k inputs ending at t
             bo = np.where(ctx >= 0, self.log10_backoff[k - 1][np.maximum(ctx, 0)], 0.0)  # (B, T)
             hit = self.find(k + 1, ctx, targets)  # (B, T)
             logp = np.where(hit >= 0, self.log10_prob[k][np.maximum(hit, 0)], logp + bo)
-        return logp
+            length = np.where(hit >= 0, k + 1, length)
+            if k + 1 < self.order:
+                prev = np.full_like(inputs, -1)  # (B, T) the order-k context one position earlier
+                prev[:, 1:] = hit[:, :-1] if chained else ctx[:, :-1]
+                if not chained:
+                    prev[:, 1:] = self.find(k + 1, prev[:, 1:], inputs[:, 1:])
+                prev[starts] = -1
+                ctx = prev
+        return logp, length
 
     # ---- the LanguageModel protocol ------------------------------------------------------------
 

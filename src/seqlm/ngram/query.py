@@ -1,0 +1,189 @@
+"""The query API KenLM users know, over seqlm's n-gram tables (ARPA semantics, log10 everywhere).
+
+    m = seqlm.NgramModel("runs/kn5")           # model dir (binary used when present), .arpa[.gz], .bin
+    m.score("the cat sat", bos=True, eos=True)  # log10 P(the cat sat </s> | <s>)
+    list(m.full_scores("the cat sat"))          # [(log10 p, matched n-gram length, is OOV), ...]
+    m.perplexity("the cat sat")
+    s, t = seqlm.ngram.State(), seqlm.ngram.State()
+    m.BeginSentenceWrite(s); m.BaseScore(s, "the", t)   # incremental scoring for decoders
+    m.score_corpus(["the cat sat", "a dog"])    # batched numpy path: one lookup per order for all tokens
+
+Every path goes through NGramModel.walk, so they cannot disagree; a binary model (binary.py) makes each
+lookup a hash probe instead of a binary search.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from seqlm.data.corpus import TokenStream
+from seqlm.errors import SeqlmError
+from seqlm.ngram.model import NGramModel
+
+
+@dataclass
+class State:
+    """The words a decoder must remember: at most N-1 ids, oldest first, trimmed to the longest match.
+
+    Two states with equal `words` give identical scores from here on (hypotheses can be recombined).
+    """
+
+    words: tuple[int, ...] = field(default_factory=tuple)
+
+    def __hash__(self) -> int:
+        return hash(self.words)
+
+
+@dataclass
+class CorpusScores:
+    """Per token of a scored corpus (</s> included), in order: log10 p, matched length, OOV flag."""
+
+    log10_prob: np.ndarray  # (N,) float64
+    length: np.ndarray  # (N,) int64
+    oov: np.ndarray  # (N,) bool
+    starts: np.ndarray  # (S+1,) where each sentence's tokens begin
+
+    def perplexity(self, include_oov: bool = True) -> float:
+        keep = slice(None) if include_oov else ~self.oov
+        return float(10.0 ** (-self.log10_prob[keep].mean()))
+
+
+def load_tables(path: str | Path) -> NGramModel:
+    """A model directory (binary model.bin when present, else its ARPA), a binary file or an ARPA file."""
+    from seqlm.models.kn import load_kn, load_ngram_file
+
+    path = Path(path)
+    if path.is_dir():
+        return load_kn(path)
+    if not path.is_file():
+        raise SeqlmError(f"{path}: no such model file or directory")
+    return load_ngram_file(path)
+
+
+class NgramModel:
+    """KenLM's `kenlm.Model` interface (score, full_scores, perplexity, BeginSentenceWrite, BaseScore)."""
+
+    def __init__(self, model: str | Path | NGramModel):
+        self.model = model if isinstance(model, NGramModel) else load_tables(model)
+        self.vocab = self.model.vocab
+        self.order = self.model.order
+
+    def __repr__(self) -> str:
+        return f"NgramModel(order={self.order}, sizes={self.model.sizes})"
+
+    def __contains__(self, word: str) -> bool:
+        return word in self.vocab.stoi
+
+    # ---- whole sentences ------------------------------------------------------------------------
+
+    def full_scores(self, sentence: str | list[str], bos: bool = True, eos: bool = True
+                    ) -> Iterator[tuple[float, int, bool]]:
+        """(log10 p, length of the n-gram matched, is OOV) for each word, then </s> when eos."""
+        words = sentence.split() if isinstance(sentence, str) else list(sentence)
+        ids = np.array(self.vocab.encode(words) + ([self.vocab.eos_id] if eos else []), dtype=np.int64)
+        oov = [w not in self.vocab.stoi for w in words] + ([False] if eos else [])
+        logp, length = self._score_ids(ids, bos)
+        return zip(logp.tolist(), length.tolist(), oov, strict=True)
+
+    def score(self, sentence: str | list[str], bos: bool = True, eos: bool = True) -> float:
+        """log10 probability of the sentence (from <s> when bos, with </s> when eos)."""
+        return float(sum(p for p, _, _ in self.full_scores(sentence, bos, eos)))
+
+    def perplexity(self, sentence: str | list[str]) -> float:
+        """10 ** (-log10 P / tokens), </s> counted, as kenlm.Model.perplexity."""
+        scores = [p for p, _, _ in self.full_scores(sentence)]
+        return math.pow(10.0, -sum(scores) / len(scores))
+
+    def _score_ids(self, ids: np.ndarray, bos: bool) -> tuple[np.ndarray, np.ndarray]:
+        """log10 p and matched length of each id, from <s> (bos) or from no context at all."""
+        if len(ids) == 0:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        if bos:
+            inputs = np.concatenate([[self.vocab.bos_id], ids[:-1]])[None]  # (1, T)
+            starts = np.zeros(inputs.shape, dtype=bool)
+            starts[0, 0] = True
+            logp, length = self.model.walk(inputs, starts, ids[None])
+            return logp[0], length[0]
+        first = np.array([self.model.log10_prob[0][ids[0]]], dtype=np.float64)
+        if len(ids) == 1:
+            return first, np.ones(1, dtype=np.int64)
+        logp, length = self.model.walk(ids[None, :-1], np.zeros((1, len(ids) - 1), dtype=bool), ids[None, 1:])
+        return np.concatenate([first, logp[0]]), np.concatenate([[1], length[0]])
+
+    # ---- incremental scoring (decoders) ---------------------------------------------------------
+
+    def BeginSentenceWrite(self, state: State) -> None:  # noqa: N802 (KenLM's name)
+        """Set `state` to a sentence start: the context is <s>."""
+        state.words = (self.vocab.bos_id,)
+
+    def NullContextWrite(self, state: State) -> None:  # noqa: N802
+        """Set `state` to no context at all (the first word gets its unigram probability)."""
+        state.words = ()
+
+    def BaseScore(self, in_state: State, word: str, out_state: State) -> float:  # noqa: N802
+        """log10 p(word | in_state); `out_state` becomes the state after it (may be `in_state` itself)."""
+        return self.score_id(in_state, self.vocab.id(word), out_state)[0]
+
+    def score_id(self, in_state: State, word_id: int, out_state: State) -> tuple[float, int]:
+        """BaseScore on a word id; also returns the matched n-gram length (KenLM's FullScore)."""
+        hist = in_state.words
+        seq = np.array(hist + (word_id,), dtype=np.int64)
+        if not hist:
+            logp, length = float(self.model.log10_prob[0][word_id]), 1
+        else:
+            starts = np.zeros((1, len(hist)), dtype=bool)
+            starts[0, 0] = hist[0] == self.vocab.bos_id
+            lp, ln = self.model.walk(seq[None, :-1], starts, seq[None, 1:])
+            logp, length = float(lp[0, -1]), int(ln[0, -1])
+        keep = min(length, self.order - 1)
+        out_state.words = tuple(seq[len(seq) - keep:].tolist()) if keep else ()
+        return logp, length
+
+    # ---- whole corpora --------------------------------------------------------------------------
+
+    def score_corpus(self, sentences: Iterable[str | list[str]] | TokenStream) -> CorpusScores:
+        """Every token of every sentence (each from <s>, </s> last) in one vectorised pass."""
+        if isinstance(sentences, TokenStream):
+            ids = np.asarray(sentences.ids, dtype=np.int64)
+            starts = np.asarray(sentences.starts, dtype=np.int64)
+            oov = ids == self.vocab.unk_id
+        else:
+            ids, starts, oov = self._encode(sentences)
+        logp, length = score_stream(self.model, ids, starts)
+        return CorpusScores(logp, length, oov, starts)
+
+    def _encode(self, sentences: Iterable[str | list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ids: list[int] = []
+        oov: list[bool] = []
+        starts = [0]
+        stoi, unk, eos = self.vocab.stoi, self.vocab.unk_id, self.vocab.eos_id
+        for s in sentences:
+            words = s.split() if isinstance(s, str) else s
+            ids += [stoi.get(w, unk) for w in words] + [eos]
+            oov += [w not in stoi for w in words] + [False]
+            starts.append(len(ids))
+        return np.array(ids, dtype=np.int64), np.array(starts, dtype=np.int64), np.array(oov, dtype=bool)
+
+
+def score_stream(model: NGramModel, ids: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """log10 p and matched length of every token of sentences laid end to end (ids (N,), starts (S+1,)).
+
+    The whole corpus is one row: `<s>` is put before each sentence, so no padding is scored and the
+    context of every order comes from the previous position's hit (NGramModel.walk).
+    """
+    n, lengths = len(ids), np.diff(starts)  # (S,)
+    if n == 0:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    inputs = np.empty(n, dtype=np.int64)  # (N,) the word before each target; <s> at sentence starts
+    inputs[1:] = ids[:-1]
+    first = starts[:-1][lengths > 0]
+    inputs[first] = model.vocab.bos_id
+    is_start = np.zeros(n, dtype=bool)
+    is_start[first] = True
+    logp, length = model.walk(inputs[None], is_start[None], ids[None])
+    return logp[0], length[0]
