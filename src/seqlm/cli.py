@@ -43,16 +43,10 @@ def _text_stream(model, args):
     if args.text and args.data:
         raise SeqlmError("give either --text FILE or --data CORPUS (with --split), not both")
     if args.text:
-        return encode_file(args.text, model.vocab, raw=args.raw, unit=_unit(model))
+        return encode_file(args.text, model.vocab, raw=args.raw)
     if args.data:
-        return encode_file(split_path(resolve_corpus(args.data), args.split), model.vocab, raw=args.raw,
-                           unit=_unit(model))
+        return encode_file(split_path(resolve_corpus(args.data), args.split), model.vocab, raw=args.raw)
     raise SeqlmError("give the text to score: --text FILE (or --data ptb --split test)")
-
-
-def _unit(model) -> str:
-    """word, or char for a character-level model: its text is read the way it was trained."""
-    return getattr(getattr(model, "data_config", None), "unit", "word")
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
@@ -114,10 +108,12 @@ def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> None:
-    """Sample sentences from a model (or find the most probable ones with --beam N)."""
-    from seqlm.eval.generate import run_generate
+    """Sample sentences from a model."""
+    import seqlm
 
-    print("\n".join(run_generate(args)))
+    model = seqlm.load(args.model_dir)
+    for line in seqlm.generate(model, args.num, args.seed, args.temperature, args.max_len):
+        print(line)
 
 
 def cmd_info(args: argparse.Namespace, rest: list[str]) -> None:
@@ -173,7 +169,7 @@ def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
     from seqlm.eval.rescore import rescore_files
 
     rescore_files(args.model_dir, args.nbest, args.tsv, args.acoustic, args.lm_scores, args.costs, args.lm_weight,
-                  args.word_penalty, args.interpolate_old, args.out, args.best, oov_penalty=args.oov_penalty)
+                  args.word_penalty, args.interpolate_old, args.out, args.best)
 
 
 def cmd_convert(args: argparse.Namespace, rest: list[str]) -> None:
@@ -237,10 +233,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="random seed (the same seed gives the same sentences)")
     g.add_argument("--temperature", type=float, default=1.0, help="divide the log-probabilities by this (<1: safer)")
     g.add_argument("--max-len", type=int, default=100, help="stop a sentence after this many words")
-    g.add_argument("--beam", type=int, default=0, help="beam search of this width instead of sampling; prints "
-                   "the best min(--num, N)")
-    g.add_argument("--latent", default=None, help="dae models: decode from these latent symbols (comma-separated) "
-                   "instead of sampling them")
     g.set_defaults(func=cmd_generate)
 
     i = sub.add_parser("info", help=cmd_info.__doc__)
@@ -278,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("rescore", help=cmd_rescore.__doc__,
                         description="Scores are natural-log likelihoods (higher is better), or with --costs "
                                     "negative ones (lower is better, as Kaldi stores them), in and out. "
-                                    "total = acoustic + lm_weight * lm - word_penalty * words - oov_penalty * oovs. "
+                                    "total = acoustic + lm_weight * lm - word_penalty * words. "
                                     "See docs/combination.md.")
     rs.add_argument("model_dir", help="model directory (or an .arpa file)")
     rs.add_argument("--nbest", help="hypotheses, one per line: uttid-N word word ...")
@@ -288,11 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--costs", action="store_true", help="scores are costs (-ln p), in the input and the output")
     rs.add_argument("--lm-weight", type=float, default=1.0, help="scale of the LM score in the total")
     rs.add_argument("--word-penalty", type=float, default=0.0, help="subtracted from the total per word")
-    rs.add_argument("--oov-penalty", type=float, default=0.0, metavar="P",
-                    help="subtracted from the total per word outside the model's vocabulary (nats; column oov)")
     rs.add_argument("--interpolate-old", type=float, default=None, metavar="W",
                     help="LM score = (1-W) new + W old (log-linear; needs the old LM scores)")
-    rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total, oov (default stdout)")
+    rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total (default stdout)")
     rs.add_argument("--best", help="write the best hypothesis of each utterance here (uttid word ...)")
     rs.set_defaults(func=cmd_rescore)
 
