@@ -43,10 +43,16 @@ def _text_stream(model, args):
     if args.text and args.data:
         raise SeqlmError("give either --text FILE or --data CORPUS (with --split), not both")
     if args.text:
-        return encode_file(args.text, model.vocab, raw=args.raw)
+        return encode_file(args.text, model.vocab, raw=args.raw, unit=_unit(model))
     if args.data:
-        return encode_file(split_path(resolve_corpus(args.data), args.split), model.vocab, raw=args.raw)
+        return encode_file(split_path(resolve_corpus(args.data), args.split), model.vocab, raw=args.raw,
+                           unit=_unit(model))
     raise SeqlmError("give the text to score: --text FILE (or --data ptb --split test)")
+
+
+def _unit(model) -> str:
+    """word, or char for a character-level model: its text is read the way it was trained."""
+    return getattr(getattr(model, "data_config", None), "unit", "word")
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
@@ -108,12 +114,10 @@ def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> None:
-    """Sample sentences from a model."""
-    import seqlm
+    """Sample sentences from a model (or find the most probable ones with --beam N)."""
+    from seqlm.eval.generate import run_generate
 
-    model = seqlm.load(args.model_dir)
-    for line in seqlm.generate(model, args.num, args.seed, args.temperature, args.max_len):
-        print(line)
+    print("\n".join(run_generate(args)))
 
 
 def cmd_info(args: argparse.Namespace, rest: list[str]) -> None:
@@ -233,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="random seed (the same seed gives the same sentences)")
     g.add_argument("--temperature", type=float, default=1.0, help="divide the log-probabilities by this (<1: safer)")
     g.add_argument("--max-len", type=int, default=100, help="stop a sentence after this many words")
+    g.add_argument("--beam", type=int, default=0, help="beam search of this width instead of sampling; prints "
+                   "the best min(--num, N)")
+    g.add_argument("--latent", default=None, help="dae models: decode from these latent symbols (comma-separated) "
+                   "instead of sampling them")
     g.set_defaults(func=cmd_generate)
 
     i = sub.add_parser("info", help=cmd_info.__doc__)

@@ -55,8 +55,10 @@ class DataConfig:
     max_vocab: int | None = None  # None = keep every word seen min_count times
     min_count: int = 1
     raw: bool = False  # untokenised text: see seqlm.data.corpus.tokenize_raw
+    unit: str = "word"  # word | char: characters, with `_` between words (character-level PTB)
 
     def __post_init__(self) -> None:
+        _choice("unit", self.unit, ("word", "char"))
         if self.max_vocab is not None and self.max_vocab < 2:
             raise SeqlmError(f"--max-vocab must be at least 2 (</s> and <unk> are always in), got {self.max_vocab}")
         _positive(self, "min_count")

@@ -35,6 +35,14 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _TOKEN = re.compile(r"\w+(?:[-'.,]\w+)*|[^\w\s]")
 
 
+WORD_SEP = "_"  # --unit char: the token between words, as in the usual character-level PTB
+
+
+def as_units(tokens: list[str], unit: str) -> list[str]:
+    """A sentence as the units a model reads: its words, or (`char`) its characters with `_` between words."""
+    return tokens if unit == "word" else list(WORD_SEP.join(tokens))
+
+
 def tokenize_raw(line: str) -> list[list[str]]:
     """Split one line of running text into sentences of tokens (the documented --raw rule)."""
     return [toks for part in _SENTENCE_END.split(line.strip()) if (toks := _TOKEN.findall(part))]
@@ -52,8 +60,9 @@ def _check_readable(path: Path) -> None:
         raise SeqlmError(f"{path}: no such file")
 
 
-def read_sentences(path: str | Path, raw: bool = False) -> Iterator[list[str]]:
-    """Yield sentences (token lists). Blank lines are skipped. Errors name the file and line.
+def read_sentences(path: str | Path, raw: bool = False, unit: str = "word") -> Iterator[list[str]]:
+    """Yield sentences (token lists; characters with `unit="char"`). Blank lines are skipped. Errors name the
+    file and line.
 
     Lines are decoded one at a time so that an encoding error reports its own line number.
     """
@@ -70,18 +79,18 @@ def read_sentences(path: str | Path, raw: bool = False) -> Iterator[list[str]]:
                     raise SeqlmError(f"{path}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start}); "
                                      "convert the file to UTF-8") from None
                 if raw:
-                    yield from tokenize_raw(line)
+                    yield from (as_units(t, unit) for t in tokenize_raw(line))
                 elif toks := line.split():
-                    yield toks
+                    yield as_units(toks, unit)
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise SeqlmError(f"{path}: cannot read ({e})") from None
 
 
-def count_words(path: str | Path, raw: bool = False) -> Counter:
+def count_words(path: str | Path, raw: bool = False, unit: str = "word") -> Counter:
     """Word counts of a training file, one streaming pass; `</s>` counted once per sentence."""
     counter: Counter = Counter()
     sentences = 0
-    for sent in read_sentences(path, raw):
+    for sent in read_sentences(path, raw, unit):
         counter.update(sent)
         sentences += 1
     if sentences == 0:
@@ -112,9 +121,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SEQLM_CACHE", Path.home() / ".cache" / "seqlm"))
 
 
-def _cache_key(path: Path, vocab: Vocab, raw: bool) -> str:
+def _cache_key(path: Path, vocab: Vocab, raw: bool, unit: str = "word") -> str:
     st = path.stat()
-    h = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{raw}|v2".encode())
+    mode = f"{raw}" if unit == "word" else f"{raw}|{unit}"  # word-level keys as before: old caches stay valid
+    h = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{mode}|v2".encode())
     h.update("\n".join(vocab.itos).encode())
     return h.hexdigest()[:20]
 
@@ -188,8 +198,8 @@ def _finish(work: Path, n_tok: int, paths: tuple[Path, Path] | None) -> TokenStr
     return TokenStream(np.load(ids_path, mmap_mode="r"), np.load(starts_path, mmap_mode="r"))
 
 
-def _cache_paths(path: Path, vocab: Vocab, raw: bool) -> tuple[Path, Path]:
-    key = _cache_key(path, vocab, raw)
+def _cache_paths(path: Path, vocab: Vocab, raw: bool, unit: str = "word") -> tuple[Path, Path]:
+    key = _cache_key(path, vocab, raw, unit)
     cdir = cache_dir() / "ids"
     return cdir / f"{key}.ids.npy", cdir / f"{key}.starts.npy"
 
@@ -198,17 +208,18 @@ def _empty(path: Path) -> SeqlmError:
     return SeqlmError(f"{path}: no sentences (the file is empty or blank); give a file with text in it")
 
 
-def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bool = True) -> TokenStream:
+def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bool = True,
+                unit: str = "word") -> TokenStream:
     """Encode a text file with `vocab`, streaming, and cache the ids as memory-mapped .npy arrays."""
     path = Path(path)
     _check_readable(path)
     use_cache = use_cache and path.is_file()  # a pipe or stdin can be read only once: never cached
-    ids_path, starts_path = _cache_paths(path, vocab, raw) if use_cache else (cache_dir() / "ids" / "-", None)
+    ids_path, starts_path = _cache_paths(path, vocab, raw, unit) if use_cache else (cache_dir() / "ids" / "-", None)
     if use_cache and ids_path.exists() and starts_path.exists():
         return TokenStream(np.load(ids_path, mmap_mode="r"), np.load(starts_path, mmap_mode="r"))
     work, cached = _workdir(ids_path.parent)
     try:
-        n_tok = _write_ids(read_sentences(path, raw), vocab.encode, vocab.eos_id, work)
+        n_tok = _write_ids(read_sentences(path, raw, unit), vocab.encode, vocab.eos_id, work)
         if n_tok == 0:
             raise _empty(path)
         return _finish(work, n_tok, (ids_path, starts_path) if use_cache and cached else None)
@@ -216,7 +227,8 @@ def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bo
         shutil.rmtree(work, ignore_errors=True)
 
 
-def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = None, min_count: int = 1) -> Vocab:
+def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = None, min_count: int = 1,
+                unit: str = "word") -> Vocab:
     """The training vocabulary, built in one streaming pass that also leaves the encoded text in the cache.
 
     Words get provisional ids in order of first appearance while the text streams to disk; their counts
@@ -229,7 +241,8 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
     if not path.is_file():
         raise SeqlmError(f"{path}: no such file (the training text must be a regular file)")
     st = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{raw}|{max_vocab}|{min_count}|v1".encode())
+    mode = f"{raw}" if unit == "word" else f"{raw}|{unit}"
+    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{mode}|{max_vocab}|{min_count}|v1".encode())
     cached_vocab = cache_dir() / "ids" / f"{key.hexdigest()[:20]}.vocab.txt"
     if cached_vocab.is_file():  # e.g. built by `train --nproc` before it started the workers
         with contextlib.suppress(SeqlmError):
@@ -241,7 +254,7 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
 
     work, cached = _workdir(cache_dir() / "ids")
     try:
-        n_tok = _write_ids(read_sentences(path, raw), encode, 0, work)
+        n_tok = _write_ids(read_sentences(path, raw, unit), encode, 0, work)
         if n_tok == 0:
             raise _empty(path)
         counts = np.zeros(len(prov), dtype=np.int64)
@@ -252,7 +265,7 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
         vocab = Vocab.build(Counter(dict(zip(prov, counts.tolist(), strict=True))), max_vocab, min_count)
         if cached:
             lut = np.fromiter((vocab.id(w) for w in prov), dtype=np.int32, count=len(prov))
-            ids_path, starts_path = _cache_paths(path, vocab, raw)
+            ids_path, starts_path = _cache_paths(path, vocab, raw, unit)
             _write_npy_from_raw(work / "ids.raw", ids_path, np.int32, n_tok, lut)
             n_sent = (work / "starts.raw").stat().st_size // 8 - 1
             _write_npy_from_raw(work / "starts.raw", starts_path, np.int64, n_sent + 1)
@@ -263,18 +276,18 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
 
 
 def build_vocab_and_encode(path: str | Path, raw: bool = False, max_vocab: int | None = None,
-                           min_count: int = 1) -> tuple[Vocab, TokenStream]:
+                           min_count: int = 1, unit: str = "word") -> tuple[Vocab, TokenStream]:
     """`build_vocab` and the encoded (memory-mapped) training text: one pass over the file."""
-    vocab = build_vocab(path, raw, max_vocab, min_count)
-    return vocab, encode_file(path, vocab, raw)
+    vocab = build_vocab(path, raw, max_vocab, min_count, unit)
+    return vocab, encode_file(path, vocab, raw, unit=unit)
 
 
-def encode_sentences(sentences: list[list[str]], vocab: Vocab) -> TokenStream:
+def encode_sentences(sentences: list[list[str]], vocab: Vocab, unit: str = "word") -> TokenStream:
     """Encode in-memory sentences (API use, n-best lists) without touching the cache."""
     ids: list[int] = []
     starts = [0]
     for sent in sentences:
-        ids.extend(vocab.encode(sent))
+        ids.extend(vocab.encode(as_units(sent, unit)))
         ids.append(vocab.eos_id)
         starts.append(len(ids))
     return TokenStream(np.asarray(ids, dtype=np.int32), np.asarray(starts, dtype=np.int64))

@@ -1,34 +1,54 @@
-"""Sampling sentences from any LanguageModel through its `step` method."""
+"""Generating sentences from any LanguageModel through its `initial_state` / `step` methods: ancestral
+sampling, and beam search.
+
+Beam search reorders the rows of a model's state as hypotheses are kept or dropped. It relies on one
+convention every family follows: a state is a tensor, or nested tuples / lists / dicts of tensors, each
+with the batch on dimension 0 (see `select_rows`).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
+from torch import Tensor
 
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import model_device
-from seqlm.protocol import LanguageModel
+from seqlm.protocol import LanguageModel, State
+
+
+def _check(num: int, max_len: int, temperature: float = 1.0) -> None:
+    if num < 1 or max_len < 1:
+        raise SeqlmError("--num, --beam and --max-len must be at least 1")
+    if temperature <= 0:
+        raise SeqlmError(f"--temperature must be positive, got {temperature}")
 
 
 @torch.no_grad()
 def sample(model: LanguageModel, num: int, seed: int = 0, temperature: float = 1.0,
            max_len: int = 100) -> list[list[str]]:
-    """Draw `num` sentences in parallel; each ends at `</s>` (not shown) or after `max_len` words."""
-    if num < 1 or max_len < 1:
-        raise SeqlmError("--num and --max-len must be at least 1")
-    if temperature <= 0:
-        raise SeqlmError(f"--temperature must be positive, got {temperature}")
+    """Draw `num` sentences in parallel; each ends at `</s>` (not shown) or after `max_len` tokens."""
+    _check(num, max_len, temperature)
+    ids = sample_ids(model, num, torch.Generator().manual_seed(seed), temperature, max_len)
+    return [model.vocab.decode(s) for s in ids]
+
+
+@torch.no_grad()
+def sample_ids(model: LanguageModel, num: int, gen: torch.Generator, temperature: float = 1.0, max_len: int = 100,
+               start: tuple[Tensor, State] | None = None) -> list[list[int]]:
+    """Token ids of `num` samples; `start` = (log-probs (num, V), state) after some prefix, else a sentence start."""
     if hasattr(model, "eval"):
         model.eval()
     vocab = model.vocab
-    gen = torch.Generator().manual_seed(seed)
     device = model_device(model)
-    tokens = torch.full((num,), vocab.bos_id, dtype=torch.long, device=device)
-    state = model.initial_state(num)
+    logp, state = start or model.step(torch.full((num,), vocab.bos_id, dtype=torch.long, device=device),
+                                      model.initial_state(num))
     out: list[list[int]] = [[] for _ in range(num)]
     done = torch.zeros(num, dtype=torch.bool)
     for _ in range(max_len):
-        logp, state = model.step(tokens, state)  # (num, V)
-        logits = logp.float().cpu() / temperature
+        logits = logp.float().cpu() / temperature  # (num, V)
         if vocab.bos_id != vocab.eos_id:
             logits[:, vocab.bos_id] = -torch.inf  # <s> is context only
         nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen).squeeze(1)  # (num,)
@@ -40,5 +60,82 @@ def sample(model: LanguageModel, num: int, seed: int = 0, temperature: float = 1
                     out[i].append(int(nxt[i]))
         if bool(done.all()):
             break
-        tokens = nxt.to(device)
-    return [vocab.decode(ids) for ids in out]
+        logp, state = model.step(nxt.to(device), state)
+    return out
+
+
+def select_rows(state: Any, rows: Tensor) -> Any:
+    """The state of the hypotheses `rows` (indices into dimension 0 of every tensor in `state`)."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, rows.to(state.device))
+    if isinstance(state, (tuple, list)):
+        return type(state)(select_rows(s, rows) for s in state)
+    if isinstance(state, dict):
+        return {k: select_rows(v, rows) for k, v in state.items()}
+    return state  # no per-row content (None, a number)
+
+
+@dataclass
+class Hypothesis:
+    ids: list[int]  # the tokens, `</s>` not included
+    logp: float  # natural-log probability, `</s>` included when finished
+
+
+@torch.no_grad()
+def beam_search(model: LanguageModel, beam: int, max_len: int = 100,
+                start: tuple[Tensor, State] | None = None) -> list[Hypothesis]:
+    """The `beam` most probable sentences found, best first (probability of the words and `</s>`).
+
+    `start` = (log-probs (1, V), state) after some prefix, else a sentence start. Search stops when the best
+    finished sentence is more probable than every live hypothesis (scores only fall as words are added),
+    or after `max_len` tokens (hypotheses still open are returned unfinished, after the finished ones).
+    """
+    _check(beam, max_len)
+    if hasattr(model, "eval"):
+        model.eval()
+    vocab, device = model.vocab, model_device(model)
+    logp, state = start or model.step(torch.tensor([vocab.bos_id], device=device), model.initial_state(1))
+    live = [Hypothesis([], 0.0)]
+    done: list[Hypothesis] = []
+    for _ in range(max_len):
+        scores = logp.double().cpu() + torch.tensor([h.logp for h in live], dtype=torch.float64).unsqueeze(1)
+        if vocab.bos_id != vocab.eos_id:
+            scores[:, vocab.bos_id] = -torch.inf
+        top, flat = scores.flatten().topk(min(2 * beam, scores.numel()))  # (2k,) enough to keep k live
+        rows, keep = [], []
+        for s, f in zip(top.tolist(), flat.tolist(), strict=True):
+            r, w = divmod(f, scores.shape[1])
+            if w == vocab.eos_id:
+                done.append(Hypothesis(live[r].ids, s))
+            elif len(keep) < beam:
+                rows.append(r)
+                keep.append(Hypothesis(live[r].ids + [w], s))
+        done.sort(key=lambda h: -h.logp)
+        if not keep or (len(done) >= beam and done[beam - 1].logp >= keep[0].logp):
+            break
+        live = keep
+        rows_t = torch.tensor(rows)
+        logp, state = model.step(torch.tensor([h.ids[-1] for h in live], device=device),
+                                 select_rows(state, rows_t))
+    else:
+        done += live
+    return sorted(done, key=lambda h: -h.logp)[:beam] if done else live
+
+
+def detokenize(tokens: list[str], unit: str = "word") -> str:
+    """Tokens as text: words joined by spaces, or characters joined with `_` read as a space."""
+    return " ".join(tokens) if unit == "word" else "".join(tokens).replace("_", " ")
+
+
+def run_generate(args: Any) -> list[str]:
+    """`seqlm generate`: sampled sentences, or with --beam N the best min(--num, N) of a beam search."""
+    import seqlm
+
+    model = seqlm.load(args.model_dir)
+    if hasattr(model, "generate_lines"):  # a model that needs more than a sentence start (dae: c(s) first)
+        return model.generate_lines(args)
+    unit = getattr(getattr(model, "data_config", None), "unit", "word")
+    if args.beam:
+        hyps = beam_search(model, args.beam, args.max_len)[: args.num]
+        return [detokenize(model.vocab.decode(h.ids), unit) for h in hyps]
+    return [detokenize(s, unit) for s in sample(model, args.num, args.seed, args.temperature, args.max_len)]

@@ -116,7 +116,7 @@ def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = Fals
     n, n_in = len(logp), int((~oov).sum())
     total = float(logp.sum())
     total_in = float(logp[~oov].sum())
-    return {
+    result = {
         "ppl": math.exp(-total / n),
         "tokens": n,
         "sentences": stream.num_sentences,
@@ -125,3 +125,17 @@ def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = Fals
         "log10prob": total / LOG10,
         "mode": "stream" if stream_mode else "sentence",
     }
+    if getattr(getattr(model, "data_config", None), "unit", "word") == "char":
+        result.update(char_rates(stream, model.vocab, total))
+    return result
+
+
+def char_rates(stream: TokenStream, vocab, total: float) -> dict:
+    """A character model's bits per character (`</s>` counted as one) and per word, and the word-level
+    perplexity of the same text (words and `</s>` counted, as a word model's `ppl`): comparable figures."""
+    from seqlm.data.corpus import WORD_SEP
+
+    words = int((np.asarray(stream.ids) == vocab.stoi.get(WORD_SEP, -1)).sum()) + 2 * stream.num_sentences
+    bits = -total / math.log(2.0)
+    return {"bpc": bits / len(stream.ids), "bits_per_word": bits / words, "word_ppl": math.exp(-total / words),
+            "words": words}

@@ -58,10 +58,12 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
     if resume:
         vocab = Vocab.load(out_dir / ckpt.VOCAB)
     else:  # one streaming pass: counts and ids together (the ids land in the cache encode_file reads)
-        vocab = build_vocab(split_path(corpus, "train"), data_cfg.raw, data_cfg.max_vocab, data_cfg.min_count)
+        vocab = build_vocab(split_path(corpus, "train"), data_cfg.raw, data_cfg.max_vocab, data_cfg.min_count,
+                            data_cfg.unit)
     # Every split is read (and cached) now: a bad test file fails before training, not after it, and
     # `--nproc` workers find the vocabulary and the ids cached instead of each reading the corpus again.
-    train, valid, _ = (encode_file(split_path(corpus, s), vocab, data_cfg.raw) for s in ("train", "valid", "test"))
+    train, valid, _ = (encode_file(split_path(corpus, s), vocab, data_cfg.raw, unit=data_cfg.unit)
+                       for s in ("train", "valid", "test"))
     if spawn:
         argv = ["train", "--model", name, "--data", data, "--out", str(out_dir), *rest]
         argv += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
@@ -91,7 +93,7 @@ def _final_report(name: str, out_dir: Path, corpus: Path, data_cfg: DataConfig, 
     best = seqlm.load(out_dir)  # the checkpoint on disk, exactly what users will load
     result = {"family": name, "out": str(out_dir), "train_seconds": round(seconds, 2)}
     for split in ("valid", "test"):
-        r = evaluate(best, encode_file(split_path(corpus, split), best.vocab, data_cfg.raw))
+        r = evaluate(best, encode_file(split_path(corpus, split), best.vocab, data_cfg.raw, unit=data_cfg.unit))
         result[f"{split}_ppl"] = r["ppl"]
         result[f"{split}_tokens"] = r["tokens"]
     ckpt.write_json(out_dir / "results.json", result)
