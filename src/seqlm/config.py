@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,33 +19,46 @@ from seqlm.errors import SeqlmError
 
 @dataclass
 class TrainConfig:
-    """The one training loop's settings (see seqlm.train.loop)."""
+    """The one training loop's settings (see seqlm.train.loop and seqlm.train.optim)."""
 
-    optimizer: str = "sgd"  # sgd | adam
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    optimizer: str = "sgd"  # sgd | adam | adamw
+    lr: float = 0.1  # learning rate; the peak rate under warmup-cosine
+    momentum: float = 0.0  # SGD momentum
+    beta1: float = 0.9  # Adam/AdamW: decay of the gradient's running mean
+    beta2: float = 0.999  # Adam/AdamW: decay of the squared gradient's running mean
+    eps: float = 1e-8  # Adam/AdamW: added to the denominator
+    weight_decay: float = 0.0  # L2 penalty (sgd, adam) or decoupled weight decay (adamw)
+    schedule: str = "newbob"  # newbob: halve on stalled valid ppl, per epoch | warmup-cosine: per step
+    warmup_steps: int = 0  # warmup-cosine: steps of linear warm-up from 0 to --lr
+    min_lr: float = 0.0  # warmup-cosine: the rate reached at the last planned step (max_epochs x batches)
     batch_size: int = 1  # rows per batch
-    bptt: int = 200  # positions per row: packed tokens (FNN/FOFE) or TBPTT steps (RNN)
-    max_epochs: int = 40
-    min_improvement: float = 1.0  # keep the rate while valid ppl drops by at least this much ...
-    halving_epochs: int = 6  # ... then halve it every epoch for this many more epochs
+    seq_len: int = 200  # positions per row: packed tokens (FNN/FOFE) or steps per TBPTT chunk (RNN)
+    max_epochs: int = 40  # stop after this many epochs even if the schedule has not ended
+    min_improvement: float = 1.0  # newbob: keep the rate while valid ppl drops by at least this much ...
+    halving_epochs: int = 6  # newbob: ... then halve it every epoch for this many more epochs, then stop
     clip: float = 0.0  # max gradient norm; 0 = off
-    seed: int = 1
+    seed: int = 1  # initial weights, data order and dropout masks depend on it alone
     precision: str = "fp32"  # fp32 | bf16 (autocast; float32 master weights and loss)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads; 0 = torch's default
-    max_minutes: float = 0.0  # stop (and evaluate, save) after this long; 0 = no limit
+    max_minutes: float = 0.0  # this invocation stops (evaluates, saves, can --resume) after this long; 0 = no limit
     eval_tokens: int = 4096  # positions per evaluation batch
     max_nan_retries: int = 3  # non-finite loss: restore last good state, halve lr, retry
+    bptt: InitVar[int | None] = None  # old name of seq_len, still accepted (config.json, --bptt, keyword)
 
-    def __post_init__(self) -> None:
-        _choice("optimizer", self.optimizer, ("sgd", "adam"))
+    def __post_init__(self, bptt: int | None = None) -> None:
+        if bptt is not None:
+            self.seq_len = bptt
+        _choice("optimizer", self.optimizer, ("sgd", "adam", "adamw"))
+        _choice("schedule", self.schedule, ("newbob", "warmup-cosine"))
         _choice("precision", self.precision, ("fp32", "bf16"))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
-        _positive(self, "lr", "batch_size", "bptt", "max_epochs", "eval_tokens")
+        _positive(self, "lr", "batch_size", "seq_len", "max_epochs", "eval_tokens", "eps")
         _non_negative(self, "momentum", "weight_decay", "clip", "threads", "max_minutes", "halving_epochs",
-                      "max_nan_retries", "seed")
+                      "max_nan_retries", "seed", "warmup_steps", "min_lr")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise SeqlmError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
 
 
 @dataclass
@@ -62,6 +75,10 @@ class DataConfig:
         if self.max_vocab is not None and self.max_vocab < 2:
             raise SeqlmError(f"--max-vocab must be at least 2 (</s> and <unk> are always in), got {self.max_vocab}")
         _positive(self, "min_count")
+
+
+# Old key -> new key, for config.json files, flags and YAML written before a rename.
+RENAMED = {"bptt": "seq_len"}
 
 
 def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
@@ -131,6 +148,7 @@ def apply_overrides(configs: list[Any], overrides: dict[str, Any]) -> None:
         owners.update(flat_fields(cfg))
     for key, value in overrides.items():
         name = key.lstrip("-").replace("-", "_")
+        name = RENAMED.get(name, name) if name not in owners else name
         if name not in owners:
             known = ", ".join("--" + k.replace("_", "-") for k in sorted(owners))
             raise SeqlmError(f"unknown option --{key.lstrip('-')}; this model takes: {known}")
@@ -203,6 +221,7 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in fields(cls)}
     for k, v in data.items():
+        k = RENAMED.get(k, k) if k not in names else k
         if k not in names:
             raise SeqlmError(f"config.json: unknown key {k!r} for {cls.__name__}; was it written by a newer seqlm?")
         t = hints[k]

@@ -13,7 +13,7 @@ Three shapes, one Batch type:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +37,20 @@ def history(batch: Batch, size: int) -> Tensor:
     offsets = torch.arange(size - 1, -1, -1, device=pos.device)  # (size,) how far back each column is
     valid = (pos.unsqueeze(-1) - offsets) >= seg_start.unsqueeze(-1)  # (B, T, size)
     return torch.where(valid, windows, torch.full_like(windows, -1))
+
+
+class Planned(Iterable[Batch]):
+    """An epoch's batches with their number known before the first is built (progress bars, per-step
+    schedules such as warmup-cosine); each batch is still built only when its turn comes."""
+
+    def __init__(self, count: int, batches: Iterable[Batch]):
+        self.count, self.batches = count, batches
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.batches)
 
 
 @dataclass
@@ -141,7 +155,7 @@ def packed_batches(
     rows: int = 1,
     rng: np.random.Generator | None = None,
     shard: tuple[int, int] = (0, 1),
-) -> Iterator[Batch]:
+) -> Planned:
     """Shuffled sentences end to end, cut into (rows, batch_tokens) batches; the last one may be short.
 
     `shard=(rank, world)` keeps every world-th batch for data-parallel training. The packed text is
@@ -157,6 +171,15 @@ def packed_batches(
     rank, world = shard
     n_batches = (total + step - 1) // step
     n_batches -= n_batches % world if n_batches >= world else 0  # equal batch counts across ranks
+    return Planned(len(range(rank, n_batches, world)), _packed(stream, bos_id, batch_tokens, rows, order, ends,
+                                                                n_batches, shard))
+
+
+def _packed(stream: TokenStream, bos_id: int, batch_tokens: int, rows: int, order: np.ndarray, ends: np.ndarray,
+            n_batches: int, shard: tuple[int, int]) -> Iterator[Batch]:
+    step = batch_tokens * rows
+    total = int(ends[-1]) if len(ends) else 0
+    rank, world = shard
     per_gather = max(1, GATHER_TOKENS // step) * step  # whole batches per slice
     for lo in range(0, n_batches * step, per_gather):
         hi = min(lo + per_gather, n_batches * step, total)
@@ -189,19 +212,24 @@ def stream_batches(
     bptt: int,
     reset_at_sentences: bool = False,
     shard: tuple[int, int] = (0, 1),
-) -> Iterator[Batch]:
+) -> Planned:
     """The text in order as `batch_size` parallel streams, in chunks of `bptt` steps (for TBPTT).
 
     Row r of chunk k continues row r of chunk k-1, so a model may carry its state between calls.
     Each chunk is read straight from the (memory-mapped) ids: memory is one chunk, not the text.
     """
-    ids, starts = stream.ids, np.asarray(stream.starts)
-    n = len(ids)
+    n = len(stream.ids)
     rank, world = shard
     per_row = n // (batch_size * world)
     if per_row == 0:
         batch_size, per_row = 1, n // world
     row_start = rank * batch_size * per_row + np.arange(batch_size) * per_row  # (B,) text offset of each row
+    return Planned(len(range(0, per_row, bptt)), _stream(stream, bos_id, bptt, reset_at_sentences, row_start, per_row))
+
+
+def _stream(stream: TokenStream, bos_id: int, bptt: int, reset_at_sentences: bool, row_start: np.ndarray,
+            per_row: int) -> Iterator[Batch]:
+    ids, starts = stream.ids, np.asarray(stream.starts)
     for t0 in range(0, per_row, bptt):
         pos = row_start[:, None] + np.arange(t0, min(t0 + bptt, per_row))  # (B, T) text positions
         tgt = np.asarray(ids[pos], dtype=np.int64)

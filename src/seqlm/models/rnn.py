@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlm.config import TrainConfig, choice, dropout_rate, positive
-from seqlm.data.batching import sentence_groups, sentence_rows, stream_batches
+from seqlm.data.batching import Planned, sentence_groups, sentence_rows, stream_batches
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
@@ -31,7 +31,7 @@ def _rnnlm_training() -> TrainConfig:
     # Mini-batched training with the newbob schedule. Plain SGD, the toolkit's choice at one word per
     # update, learns far more slowly with 64 x 20-word batches (PTB valid ppl 410-490 after two epochs at
     # lr 4-16 against 214 for Adam; bench/logs), so Adam is the default here.
-    return TrainConfig(optimizer="adam", lr=0.003, batch_size=64, bptt=20, min_improvement=1.0, halving_epochs=6,
+    return TrainConfig(optimizer="adam", lr=0.003, batch_size=64, seq_len=20, min_improvement=1.0, halving_epochs=6,
                        clip=1.0, max_epochs=30)
 
 
@@ -117,11 +117,11 @@ def rnn_batches(cfg: RNNConfig, vocab: Vocab):
     def batches(stream: TokenStream, rng: np.random.Generator, shard: tuple[int, int]):
         t = cfg.train
         if not cfg.sentence_independent:
-            return stream_batches(stream, vocab.bos_id, t.batch_size, t.bptt, shard=shard)
+            return stream_batches(stream, vocab.bos_id, t.batch_size, t.seq_len, shard=shard)
         # only the (sentence, offset, length) plan is held; each batch is built when its turn comes
-        groups = sentence_groups(stream, max_tokens=t.batch_size * t.bptt, max_len=10**9)
+        groups = sentence_groups(stream, max_tokens=t.batch_size * t.seq_len, max_len=10**9)
         order = rng.permutation(len(groups))[shard[0] :: shard[1]]
-        return (sentence_rows(stream, vocab.bos_id, groups[i]).batch for i in order)
+        return Planned(len(order), (sentence_rows(stream, vocab.bos_id, groups[i]).batch for i in order))
 
     return batches
 

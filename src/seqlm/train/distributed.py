@@ -55,6 +55,14 @@ class Context:
         tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
         return tuple(bool(v) for v in t.tolist())
 
+    def broadcast(self, value: float) -> float:
+        """Rank 0's `value` on every rank (decisions taken once, on rank 0)."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        tdist.broadcast(t, src=0)
+        return float(t.item())
+
     def log(self, msg: str) -> None:
         if self.is_main:
             print(msg, file=sys.stderr, flush=True)

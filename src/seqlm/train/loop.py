@@ -2,16 +2,24 @@
 
 What differs between families is passed in: `batches` (how the training text is cut: packed sentences,
 TBPTT streams) and `step` (what one batch does: seqlm.train.steps). Everything else is here, once:
-optimiser, newbob schedule, clipping, bf16 autocast, progress bar, metrics.jsonl, per-epoch
-checkpoints and --resume, the time limit, and recovery from a non-finite loss.
+optimiser and learning-rate schedule (seqlm.train.optim), clipping, bf16 autocast, progress bar,
+metrics.jsonl, checkpoints and --resume (seqlm.train.resume), the time limit, SIGINT/SIGTERM, and
+recovery from a non-finite loss.
+
+An epoch ends complete, or cut short by --max-minutes or a signal. A cut-short epoch is recorded as
+partial (a metrics row with "partial": true, no schedule decision) and its position is saved, so
+--resume finishes that epoch with the same batches, state and random numbers as an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,22 +28,24 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from seqlm.checkpoint import atomic_write_text, load_tensors, save_tensors
+from seqlm.checkpoint import atomic_write_text
 from seqlm.config import TrainConfig
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import evaluate
 from seqlm.protocol import Batch
 from seqlm.train import distributed as dist
-from seqlm.train.schedule import NewBob
+from seqlm.train.optim import build_optimizer, build_schedule, set_lr
+from seqlm.train.resume import RESUME, Position, load_resume, rng_states, run_status, save_resume
+from seqlm.train.schedule import Schedule
 from seqlm.train.steps import StepFn
 
-RESUME = "resume"  # sub-directory with the last epoch's full training state
 Batches = Callable[[TokenStream, np.random.Generator, tuple[int, int]], Iterator[Batch]]
+make_optimizer = build_optimizer  # the name benchmarks import
+__all__ = ["fit", "resolve_device", "make_optimizer", "run_status", "RESUME", "Batches"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -46,26 +56,58 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.optimizer == "adam":
-        # The fused kernel is ~5x faster than the default on CPU (14 vs 66 ms a step for 4M parameters,
-        # one thread): at RNN sizes the optimiser step would otherwise cost as much as the model.
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+class Stopped(Exception):
+    """Training stopped by SIGINT/SIGTERM after saving its state; the process exits with 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Signals:
+    """While training: the first SIGINT/SIGTERM asks the loop to stop after the current batch (and save);
+    a second one stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = 0
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
 
 
 @dataclass
-class Progress:
-    """Running totals of one epoch."""
+class Run:
+    """What every part of one training run shares."""
 
-    loss: float = 0.0
-    tokens: int = 0
-    seconds: float = 0.0
+    model: nn.Module
+    net: nn.Module  # what steps call: `model`, or its DDP wrapper
+    opt: torch.optim.Optimizer
+    step: StepFn
+    batches: Batches
+    train: TokenStream
+    valid: TokenStream
+    cfg: TrainConfig
+    out: Path
+    save_best: Callable[[nn.Module], None]
+    ctx: dist.Context
+    signals: Signals
 
     @property
-    def ppl(self) -> float:
-        return math.exp(min(self.loss / max(self.tokens, 1), 50.0))
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
 
 
 def fit(
@@ -82,193 +124,201 @@ def fit(
 ) -> list[dict]:
     """Train `model` until the schedule ends, the epochs run out or the time is up; return the metrics.
 
-    `cfg.max_minutes` bounds the whole run (and may cut an epoch short); `session_minutes` only stops
-    this call before it starts an epoch, leaving a clean checkpoint to --resume (long benchmark rows).
+    `cfg.max_minutes` bounds this call and may cut an epoch short; `session_minutes` only stops this
+    call before it starts an epoch, leaving a clean checkpoint to --resume (long benchmark rows).
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     ctx = dist.setup(resolve_device(cfg.device))
-    device = ctx.device  # under torchrun on GPUs: this rank's own GPU
-    model.to(device)
+    model.to(ctx.device)  # under torchrun on GPUs: this rank's own GPU
     net = ctx.wrap(model)
-    opt = make_optimizer(model, cfg)
-    clean = False
+    opt = build_optimizer(model, cfg)
+    clean, stopped = False, 0
     try:
-        history = _epochs(model, net, opt, step, batches, train, valid, cfg, out, save_best, resume,
-                          session_minutes, ctx, device)
+        with Signals() as signals:
+            run = Run(model, net, opt, step, batches, train, valid, cfg, out, save_best, ctx, signals)
+            history = _epochs(run, resume, session_minutes)
         clean = True
     except SeqlmError as e:
         clean = True  # raised on every rank alike (the non-finite decision is agreed): a clean exit is safe
         raise e.with_traceback(None) from None  # drop the frame of _epochs: it holds the DDP wrapper
+    except Stopped as e:
+        clean, stopped = True, e.signum  # every rank stopped at the same batch (agreed)
     finally:
-        del net, opt  # the gloo teardown trap: no DDP reducer may outlive the process group (Context.finish)
+        run = net = opt = None  # the gloo teardown trap: no DDP reducer may outlive the process group
         ctx.finish(clean)
+    if stopped:
+        raise SystemExit(128 + stopped)
     return history
 
 
-def _epochs(model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer, step: StepFn, batches: Batches,
-            train: TokenStream, valid: TokenStream, cfg: TrainConfig, out: Path,
-            save_best: Callable[[nn.Module], None], resume: bool, session_minutes: float, ctx: dist.Context,
-            device: torch.device) -> list[dict]:
-    sched = NewBob(cfg.lr, cfg.min_improvement, cfg.halving_epochs)
-    history: list[dict] = []
-    first_epoch = 1
+def _epochs(run: Run, resume: bool, session_minutes: float) -> list[dict]:
+    cfg, ctx = run.cfg, run.ctx
+    sched = build_schedule(cfg, _steps_per_epoch(run))
+    pos, history = Position(), []
     if resume:
-        first_epoch, history = _load_resume(out, model, opt, sched)
+        pos, history, sched = load_resume(run.out, run.model, run.opt, sched, cfg, ctx.log)
         if ctx.is_main:  # drop rows of an epoch that was logged but not checkpointed before a crash
-            atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in history))
+            atomic_write_text(run.out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in history))
+        if sched.done or pos.epoch > cfg.max_epochs:
+            ctx.log(f"seqlm: {run.out}: nothing to resume: " + (
+                f"the learning-rate schedule ended after epoch {pos.epoch - 1}" if sched.done else
+                f"all --max-epochs {cfg.max_epochs} epochs ran (give a larger --max-epochs to train on)"))
+            return history
     t_start = time.time() - (history[-1]["wall_seconds"] if history else 0.0)
-    deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
-    session_end = time.time() + session_minutes * 60 if session_minutes else math.inf
-    for epoch in range(first_epoch, cfg.max_epochs + 1):
-        if sched.done or ctx.agree(time.time() >= min(deadline, session_end))[0]:
+    now = time.time()
+    deadline = now + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
+    session_end = now + session_minutes * 60 if session_minutes else math.inf
+    first = True  # every invocation trains at least one batch, however small its time limit
+    while pos.epoch <= cfg.max_epochs and not sched.done:
+        late, stop = ctx.agree(not first and time.time() >= min(deadline, session_end), run.signals.requested != 0)
+        first = False
+        if stop:
+            save_resume(run.out, run.model, run.opt, sched, pos, history, cfg, rng_states(), ctx)
+            _stop(run, pos, None)
+        if late:
             break
-        good = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
-        for retry in range(cfg.max_nan_retries + 1):
-            rng = np.random.default_rng([cfg.seed, epoch])  # the data order depends on seed and epoch only
-            prog = _run_epoch(net, step, batches(train, rng, ctx.shard), opt, cfg, device, autocast,
-                              deadline, f"epoch {epoch}", ctx)
-            if prog is not None:
-                break
-            if retry == cfg.max_nan_retries:
-                raise SeqlmError(f"loss became NaN/inf {retry + 1} times in epoch {epoch} (lr halved each time, "
-                                 f"down to {sched.lr:g}); lower --lr or set --clip (e.g. --clip 1.0)")
-            model.load_state_dict(good[0])
-            opt.load_state_dict(good[1])
-            sched.lr /= 2
-            _set_lr(opt, sched.lr)
-            ctx.log(f"seqlm: non-finite loss in epoch {epoch}; restored the last good state, lr -> {sched.lr:g}")
-        lr_used = sched.lr
-        valid_ppl = evaluate(model, valid, max_tokens=cfg.eval_tokens)["ppl"]
-        improved = valid_ppl < sched.best
-        halved = sched.update(valid_ppl)
-        _set_lr(opt, sched.lr)
-        row = {"epoch": epoch, "lr": lr_used, "train_ppl": prog.ppl, "valid_ppl": valid_ppl,
-               "train_tokens": prog.tokens * ctx.world, "epoch_seconds": prog.seconds,
-               "train_tokens_per_s": prog.tokens * ctx.world / max(prog.seconds, 1e-9),
-               "wall_seconds": time.time() - t_start, "lr_halved": halved, "precision": cfg.precision}
+        cut, total, rng = _epoch_with_retries(run, sched, pos, deadline)
+        if cut == "signal":
+            save_resume(run.out, run.model, run.opt, sched, pos, history, cfg, rng, ctx)
+            _stop(run, pos, total)
+        row = _end_epoch(run, sched, pos, cut == "end", total, t_start)
         history.append(row)
-        ctx.log(f"epoch {epoch}: lr {lr_used:g}  train ppl {prog.ppl:.2f}  valid ppl {valid_ppl:.2f}  "
-                f"({row['train_tokens_per_s']:.0f} tok/s{', lr halved' if halved else ''})")
         if ctx.is_main:
-            with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+            with open(run.out / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
-            if improved:
-                save_best(model)
-            _save_resume(out, model, opt, sched, epoch, history)
+        save_resume(run.out, run.model, run.opt, sched, pos, history, cfg, rng, ctx)
         ctx.barrier()
     return history
 
 
-def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
-    for g in opt.param_groups:
-        g["lr"] = lr
+def _steps_per_epoch(run: Run) -> int:
+    """Optimizer steps in one epoch, the same number on every rank (rank 0's)."""
+    planned = run.batches(run.train, np.random.default_rng([run.cfg.seed, 1]), run.ctx.shard)
+    n = len(planned) if hasattr(planned, "__len__") else sum(1 for _ in planned)
+    return round(run.ctx.broadcast(float(n)))
 
 
-def _run_epoch(net, step, batches, opt, cfg, device, autocast, deadline, desc, ctx) -> Progress | None:
-    """One pass over this rank's batches; None if the loss became NaN/inf (on any rank)."""
-    net.train()
-    prog = Progress()
-    t0 = time.time()
-    state: Any = None
-    next_log = 60.0
-    bar = tqdm(batches, desc=desc, unit="batch", leave=False, disable=None if ctx.is_main else True,
-               file=sys.stderr, mininterval=1.0)
-    it = iter(bar)
-    while True:
-        batch = next(it, None)
-        loss = None
-        if batch is not None:
-            with autocast:
-                loss, state, n = step(net, batch.to(device), state)
-        # Decided together, so the ranks stay in step: all stop when any runs out of batches (shards
-        # may differ by one) or of time, and all restart the epoch when any sees a non-finite loss.
-        ended, bad, late = ctx.agree(batch is None, loss is not None and not bool(torch.isfinite(loss)),
-                                     time.time() >= deadline)
-        if bad:
-            bar.close()
-            return None
-        if ended:
-            break
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.clip:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
-        opt.step()
-        prog.loss += float(loss.detach()) * n
-        prog.tokens += n
-        prog.seconds = time.time() - t0
-        bar.set_postfix(ppl=f"{prog.ppl:.1f}", tok_s=f"{prog.tokens / max(prog.seconds, 1e-9):.0f}", refresh=False)
-        if bar.disable and prog.seconds >= next_log:  # no terminal (logs, nohup): a line a minute instead
-            next_log += 60
-            ctx.log(f"{desc}: {prog.tokens} tokens, running ppl {prog.ppl:.2f}, "
-                    f"{prog.tokens / max(prog.seconds, 1e-9):.0f} tok/s")
-        if late:
-            break
-    bar.close()
-    return prog
+def _epoch_with_retries(run: Run, sched: Schedule, pos: Position, deadline: float) -> tuple[str, int | None, dict]:
+    """Train epoch `pos.epoch` from `pos` on; after a non-finite loss, restore, halve the rate and retry.
+
+    Returns how it ended ("end", "time" or "signal"), its batch count and the RNG state at its end;
+    `pos` is advanced in place.
+    """
+    good = (copy.deepcopy(run.model.state_dict()), copy.deepcopy(run.opt.state_dict()), copy.deepcopy(pos))
+    for retry in range(run.cfg.max_nan_retries + 1):
+        rng = np.random.default_rng([run.cfg.seed, pos.epoch])  # the data order depends on seed and epoch only
+        batches = run.batches(run.train, rng, run.ctx.shard)
+        total = len(batches) if hasattr(batches, "__len__") else None
+        cut = _run_epoch(run, sched, pos, batches, total, deadline)
+        if cut is not None:
+            return cut, total, rng_states()  # the random state here, not after validation: resume continues here
+        if retry == run.cfg.max_nan_retries:
+            raise SeqlmError(f"loss became NaN/inf {retry + 1} times in epoch {pos.epoch} (lr halved each time, "
+                             f"down to {sched.lr:g}); lower --lr or set --clip (e.g. --clip 1.0)")
+        run.model.load_state_dict(good[0])
+        run.opt.load_state_dict(good[1])
+        pos.__dict__.update(copy.deepcopy(good[2]).__dict__)
+        sched.shrink(0.5)
+        run.ctx.log(f"seqlm: non-finite loss in epoch {pos.epoch}; restored the last good state, lr -> {sched.lr:g}")
+    raise AssertionError("unreachable")
 
 
-def _save_resume(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: NewBob, epoch: int,
-                 history: list[dict]) -> None:
-    """Everything needed to continue exactly: weights, optimiser, schedule, RNG, metrics."""
-    d = out / RESUME
-    d.mkdir(parents=True, exist_ok=True)
-    tensors, opt_meta = _flatten_optimizer(opt.state_dict())
-    tensors.update({f"model.{k}": v for k, v in model.state_dict().items()})
-    tensors["rng.torch"] = torch.get_rng_state()
-    meta = {"epoch": epoch, "schedule": sched.state(), "optimizer": opt_meta, "history": history}
-    # One file, so the tensors and the bookkeeping can never come from different epochs.
-    save_tensors(d / "state.safetensors", tensors, metadata={"seqlm": json.dumps(meta)})
+def _run_epoch(run: Run, sched: Schedule, pos: Position, batches, total: int | None, deadline: float) -> str | None:
+    """Batches `pos.batch` on of this rank's epoch; None if the loss became NaN/inf (on any rank)."""
+    ctx, cfg = run.ctx, run.cfg
+    run.net.train()
+    prog, state = pos.progress, pos.carry
+    t0 = time.time() - prog.seconds
+    next_log = prog.seconds + 60.0
+    bar = tqdm(total=total, initial=pos.batch, desc=f"epoch {pos.epoch}", unit="batch", leave=False,
+               disable=None if ctx.is_main else True, file=sys.stderr, mininterval=1.0)
+    it = itertools.islice(iter(batches), pos.batch, None)  # a resumed epoch skips the batches already trained
+    try:
+        while True:
+            batch = next(it, None)
+            loss = None
+            if batch is not None:
+                with run.autocast:
+                    loss, new_state, n = run.step(run.net, batch.to(ctx.device), state)
+            # Decided together, so the ranks stay in step: all stop when any runs out of batches (shards
+            # may differ by one), of time or is signalled, and all restart when any sees a non-finite loss.
+            ended, bad, late, stop = ctx.agree(batch is None, loss is not None and not bool(torch.isfinite(loss)),
+                                               time.time() >= deadline, run.signals.requested != 0)
+            if bad:
+                return None
+            if ended:
+                return "end"
+            run.opt.zero_grad(set_to_none=True)
+            set_lr(run.opt, sched.lr_at(pos.step))
+            loss.backward()
+            if cfg.clip:
+                torch.nn.utils.clip_grad_norm_(run.net.parameters(), cfg.clip)
+            run.opt.step()
+            state, pos.step, pos.batch = new_state, pos.step + 1, pos.batch + 1
+            prog.loss += float(loss.detach()) * n
+            prog.tokens += n
+            prog.seconds = time.time() - t0
+            bar.update(1)
+            bar.set_postfix(ppl=f"{prog.ppl:.1f}", tok_s=f"{prog.tokens / max(prog.seconds, 1e-9):.0f}", refresh=False)
+            if bar.disable and prog.seconds >= next_log:  # no terminal (logs, nohup): a line a minute instead
+                next_log += 60
+                ctx.log(_progress_line(pos, total))
+            if late or stop:
+                pos.carry = state
+                if total is not None and pos.batch >= total:
+                    return "end"
+                return "signal" if stop else "time"
+    finally:
+        bar.close()
 
 
-def _load_resume(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: NewBob) -> tuple[int, list[dict]]:
-    path = out / RESUME / "state.safetensors"
-    if not path.exists():
-        raise SeqlmError(f"{out}: nothing to resume ({RESUME}/state.safetensors missing); train without --resume")
-    tensors = load_tensors(path)
-    with safe_open(str(path), "pt") as f:
-        meta = json.loads((f.metadata() or {})["seqlm"])
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    opt.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
-    for k, v in meta["schedule"].items():
-        setattr(sched, k, v)
-    torch.set_rng_state(tensors["rng.torch"])
-    return int(meta["epoch"]) + 1, list(meta["history"])
+def _progress_line(pos: Position, total: int | None) -> str:
+    prog = pos.progress
+    line = f"epoch {pos.epoch}: batch {pos.batch}"
+    if total:
+        left = prog.seconds / max(pos.batch, 1) * (total - pos.batch)  # from this epoch's pace so far
+        line += f"/{total} (about {left / 60:.1f} min left)"
+    return line + f", running ppl {prog.ppl:.2f}, {prog.tokens / max(prog.seconds, 1e-9):.0f} tok/s"
 
 
-def run_status(out: Path) -> dict:
-    """How far the run in `out` got: {"epoch": last finished epoch, "done": schedule or epochs ran out}."""
-    path = out / RESUME / "state.safetensors"
-    if not path.exists():
-        return {"epoch": 0, "done": False, "history": []}
-    with safe_open(str(path), "pt") as f:
-        meta = json.loads((f.metadata() or {})["seqlm"])
-    sched = meta["schedule"]
-    return {"epoch": meta["epoch"], "done": bool(sched["halving"] and sched["left"] <= 0), "history": meta["history"]}
+def _validate(run: Run) -> float:
+    """Validation perplexity, computed on rank 0 and broadcast: every rank takes the schedule decision
+    (halve, stop) from the same number, whatever its own kernels would have given."""
+    ppl = evaluate(run.model, run.valid, max_tokens=run.cfg.eval_tokens)["ppl"] if run.ctx.is_main else 0.0
+    return run.ctx.broadcast(ppl)
 
 
-def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
-    """Optimiser state without pickle: tensors go to safetensors, the rest to JSON."""
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict] = {}
-    for pid, st in sd["state"].items():
-        for name, val in st.items():
-            if isinstance(val, torch.Tensor):
-                tensors[f"opt.{pid}.{name}"] = val
-            else:
-                scalars.setdefault(str(pid), {})[name] = val
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+def _end_epoch(run: Run, sched: Schedule, pos: Position, complete: bool, total: int | None, t_start: float) -> dict:
+    """Validate; on a complete epoch let the schedule decide; save the best model; the metrics row."""
+    ctx, prog = run.ctx, pos.progress
+    lr_used = sched.lr_at(max(pos.step - 1, 0))
+    valid_ppl = _validate(run)
+    halved = sched.update(valid_ppl) if complete else False
+    row = {"epoch": pos.epoch, "lr": lr_used, "train_ppl": prog.ppl, "valid_ppl": valid_ppl,
+           "train_tokens": prog.tokens * ctx.world, "epoch_seconds": prog.seconds,
+           "train_tokens_per_s": prog.tokens * ctx.world / max(prog.seconds, 1e-9),
+           "wall_seconds": time.time() - t_start, "lr_halved": halved, "precision": run.cfg.precision}
+    if not complete:
+        row.update(partial=True, batches=pos.batch, of=total)
+    ctx.log(f"epoch {pos.epoch}{' (cut short: partial)' if not complete else ''}: lr {lr_used:g}  "
+            f"train ppl {prog.ppl:.2f}  valid ppl {valid_ppl:.2f}  "
+            f"({row['train_tokens_per_s']:.0f} tok/s{', lr halved' if halved else ''})")
+    if valid_ppl < pos.best_saved:
+        if ctx.is_main:
+            run.save_best(run.model)
+        pos.best_saved = valid_ppl
+    if complete:
+        pos.next_epoch()
+    return row
 
 
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
-    state: dict[int, dict] = {}
-    for key, val in tensors.items():
-        if key.startswith("opt."):
-            _, pid, name = key.split(".", 2)
-            state.setdefault(int(pid), {})[name] = val
-    for pid, vals in meta["scalars"].items():
-        state.setdefault(int(pid), {}).update(vals)
-    return {"state": state, "param_groups": meta["param_groups"]}
+def _stop(run: Run, pos: Position, total: int | None) -> None:
+    """After SIGINT/SIGTERM (the state is saved): say where --resume continues, then stop."""
+    name = signal.Signals(run.signals.requested).name
+    where = (f"in epoch {pos.epoch} after batch {pos.batch}" + (f" of {total}" if total else "")
+             if pos.batch else f"before epoch {pos.epoch}")
+    run.ctx.log(f"seqlm: stopped by {name} {where}; the state is saved: `seqlm train ... --resume` continues "
+                f"epoch {pos.epoch}" + (" from there" if pos.batch else ""))
+    raise Stopped(run.signals.requested)

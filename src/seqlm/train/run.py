@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from seqlm import checkpoint as ckpt
-from seqlm.config import DataConfig, apply_overrides, from_dict, load_yaml, parse_overrides
+from seqlm.config import DataConfig, apply_overrides, from_dict, load_yaml, parse_overrides, to_dict
 from seqlm.data.corpus import build_vocab, encode_file
 from seqlm.data.datasets import resolve_corpus, split_path
 from seqlm.data.vocab import Vocab
@@ -32,12 +32,32 @@ def _configs(name: str, out: Path, config_file: str | None, rest: list[str], res
         if meta.get("family") != name:
             raise SeqlmError(f"{out} holds a {meta.get('family')!r} model; resume it with --model {meta.get('family')}")
         cfg, data_cfg = from_dict(fam.config, meta["model"]), from_dict(DataConfig, meta.get("data", {}))
+        if hasattr(cfg, "train"):  # --max-minutes bounds one invocation: a resumed run gets its own
+            cfg.train.max_minutes = fam.config().train.max_minutes
     else:
         cfg, data_cfg = fam.config(), DataConfig()
+    saved = _model_settings(cfg, data_cfg)
     overrides = load_yaml(config_file) if config_file else {}
     overrides.update(parse_overrides(rest))
     apply_overrides([cfg, data_cfg], overrides)
+    if resume:
+        _check_unchanged(out, saved, _model_settings(cfg, data_cfg))
     return cfg, data_cfg
+
+
+def _model_settings(cfg, data_cfg: DataConfig) -> dict:
+    """Every setting that defines the model and its vocabulary (training settings excluded)."""
+    model = {k: v for k, v in to_dict(cfg).items() if k != "train"}
+    return {**model, **to_dict(data_cfg)}
+
+
+def _check_unchanged(out: Path, saved: dict, now: dict) -> None:
+    """A resumed model keeps its architecture: a changed flag is a one-line error naming it."""
+    for key, old in saved.items():
+        if now[key] != old:
+            flag = "--" + key.replace("_", "-")
+            raise SeqlmError(f"{flag} cannot change on --resume: the model in {out} has {key} {old!r}; "
+                             f"drop {flag}, or train a new model in another --out")
 
 
 def train_from_cli(name: str | None, data: str, out: str | None, config_file: str | None, rest: list[str],
