@@ -1,0 +1,156 @@
+"""Stage `count` in bounded memory (lmplz -S): the same NGramCounts as counts.count_ngrams, exactly.
+
+The in-memory counter sorts every position of the corpus at once, which takes ~100 bytes per token.
+Here the corpus is read in chunks of whole sentences straight from the memory-mapped id cache (no copy
+of the token stream), order by order as the in-memory counter goes:
+
+    order k, chunk c:  keys of the k-grams ending in the chunk (prefix id at k-1 * V + word)
+                       -> np.unique with counts: a sorted run, spilled to disk
+    all runs           -> merged window by window (a k-way merge of sorted files): keys_k, counts_k, suffix_k
+    chunk c again      -> the id at order k of the k-gram ending at each position, written to a file
+                          that the next order reads as its prefixes
+
+Only one chunk's positions, one window per run and the distinct n-grams themselves are in memory; the
+per-position id files and the runs live in a temporary directory (next to the id cache's drive by
+default, `TMPDIR` otherwise) and are deleted at the end. The distinct n-gram tables are what the
+later stages (adjust, discount, interpolate) work on, and they stay in memory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from seqlm.data.corpus import TokenStream
+from seqlm.ngram.counts import NGramCounts
+
+BYTES_PER_POSITION = 160  # what np.unique with inverse and counts needs per key, with its inputs
+RUN_FIELDS = 3  # key, count, suffix: int64 each
+
+
+def chunk_bounds(starts: np.ndarray, max_positions: int) -> list[tuple[int, int]]:
+    """Sentence ranges [s0, s1) whose tokens plus <s> markers fit in max_positions (one sentence at least)."""
+    bounds, s0, n = [], 0, len(starts) - 1
+    while s0 < n:
+        limit = starts[s0] + s0 + max_positions  # augmented position where the chunk must end
+        aug_end = starts[s0 + 1 :] + np.arange(s0 + 1, n + 1)  # (n - s0,) augmented end of each sentence
+        s1 = s0 + max(1, int(np.searchsorted(aug_end, limit, side="right")))
+        bounds.append((s0, s1))
+        s0 = s1
+    return bounds
+
+
+def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """seq and pos (counts.with_sentence_starts) of sentences s0..s1-1, read from the id cache."""
+    starts = np.asarray(stream.starts[s0 : s1 + 1], dtype=np.int64)  # (S+1,)
+    ids = np.asarray(stream.ids[starts[0] : starts[-1]], dtype=np.int64)  # (N,) one chunk, copied
+    lengths = np.diff(starts)
+    bos_at = (starts[:-1] - starts[0]) + np.arange(len(lengths))
+    seq = np.empty(len(ids) + len(lengths), dtype=np.int64)
+    is_word = np.ones(len(seq), dtype=bool)
+    is_word[bos_at] = False
+    seq[is_word], seq[bos_at] = ids, bos_id
+    pos = np.arange(len(seq)) - np.repeat(bos_at, lengths + 1)
+    return seq, pos
+
+
+class _Runs:
+    """Sorted runs (key, count, suffix) of one order, one file each, merged window by window."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.sizes = folder, []
+
+    def add(self, keys: np.ndarray, counts: np.ndarray, suffix: np.ndarray) -> None:
+        np.stack([keys, counts, suffix], axis=1).tofile(self.folder / f"run{len(self.sizes)}.bin")
+        self.sizes.append(len(keys))
+
+    def _read(self, i: int, at: int, count: int) -> np.ndarray:
+        with open(self.folder / f"run{i}.bin", "rb") as f:
+            f.seek(at * RUN_FIELDS * 8)
+            return np.fromfile(f, dtype=np.int64, count=count * RUN_FIELDS).reshape(-1, RUN_FIELDS)
+
+    def merge(self, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, counts, suffix) of all runs: equal keys summed. Each step takes, from every run, the
+        keys up to the smallest last key of the current windows, so no later key can precede them."""
+        at = [0] * len(self.sizes)
+        bufs = [self._read(i, 0, window) for i in range(len(self.sizes))]
+        out: list[np.ndarray] = []
+        while any(len(b) for b in bufs):
+            pivot = min(int(b[-1, 0]) for b in bufs if len(b))
+            parts = []
+            for i, b in enumerate(bufs):
+                n = int(np.searchsorted(b[:, 0], pivot, side="right")) if len(b) else 0
+                parts.append(b[:n])
+                at[i] += n
+                bufs[i] = b[n:] if n < len(b) else self._read(i, at[i], window)
+            block = np.concatenate(parts)  # (P, 3)
+            keys, first, inverse = np.unique(block[:, 0], return_index=True, return_inverse=True)
+            out.append(np.stack([keys, np.bincount(inverse, block[:, 1]).astype(np.int64), block[first, 2]], 1))
+        merged = np.concatenate(out) if out else np.zeros((0, RUN_FIELDS), dtype=np.int64)
+        return merged[:, 0].copy(), merged[:, 1].copy(), merged[:, 2].copy()
+
+
+def count_ngrams_bounded(stream: TokenStream, bos_id: int, vocab_size: int, order: int, memory: int,
+                         tmp_dir: str | Path | None = None) -> NGramCounts:
+    """count_ngrams within about `memory` bytes of working space (plus the distinct n-gram tables)."""
+    V = vocab_size
+    starts = np.asarray(stream.starts, dtype=np.int64)
+    bounds = chunk_bounds(starts, max(1024, memory // BYTES_PER_POSITION))
+    folder = Path(tempfile.mkdtemp(prefix="seqlm-kn-", dir=tmp_dir))
+    try:
+        unigram = np.zeros(V, dtype=np.int64)
+        for s0, s1 in bounds:
+            unigram += np.bincount(_chunk(stream, s0, s1, bos_id)[0], minlength=V)
+        keys, counts, suffix = [np.arange(V, dtype=np.int64)], [unigram], [np.full(V, -1, dtype=np.int64)]
+        for k in range(2, order + 1):
+            k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory)
+            keys.append(k_keys)
+            counts.append(k_counts)
+            suffix.append(k_suffix)
+            if k < order:
+                _write_ids(stream, bounds, bos_id, V, k, k_keys, folder)
+        return NGramCounts(V, bos_id, keys, counts, suffix)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _prev_ids(stream, s0, s1, bos_id, k, folder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """seq, pos and the id at order k-1 of the (k-1)-gram ending at each position of the chunk."""
+    seq, pos = _chunk(stream, s0, s1, bos_id)
+    if k == 2:
+        return seq, pos, seq
+    with open(folder / f"ids{k - 1}.bin", "rb") as f:
+        f.seek((int(stream.starts[s0]) + s0) * 8)
+        return seq, pos, np.fromfile(f, dtype=np.int64, count=len(seq))
+
+
+def _count_order(stream, bounds, bos_id, V, k, folder, memory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted runs of one order, one per chunk, merged (or the single chunk's counts directly)."""
+    runs = _Runs(folder)
+    single = None
+    for s0, s1 in bounds:
+        seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
+        at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
+        key = gram[at - 1] * V + seq[at]  # (P,)
+        uniq, first, cnt = np.unique(key, return_index=True, return_counts=True)
+        single = (uniq, cnt.astype(np.int64), gram[at[first]])
+        if len(bounds) > 1:
+            runs.add(*single)
+    if len(bounds) <= 1:
+        return single or (np.zeros(0, dtype=np.int64),) * 3
+    window = max(1024, memory // (4 * RUN_FIELDS * 8 * len(runs.sizes)))
+    return runs.merge(window)
+
+
+def _write_ids(stream, bounds, bos_id, V, k, keys, folder) -> None:
+    """The id at order k of the k-gram ending at each position (-1 where none), for order k+1's prefixes."""
+    with open(folder / f"ids{k}.bin", "wb") as f:
+        for s0, s1 in bounds:
+            seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
+            ids = np.full(len(seq), -1, dtype=np.int64)
+            at = np.flatnonzero(pos >= k - 1)
+            ids[at] = np.searchsorted(keys, gram[at - 1] * V + seq[at])  # every key is present
+            ids.tofile(f)
