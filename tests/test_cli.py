@@ -10,7 +10,7 @@ import pytest
 
 from seqlm.cli import main
 
-from conftest import TINY, write_corpus
+from conftest import SEQ_KEY, SEQ_LEN, TINY, write_corpus
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -26,7 +26,7 @@ def trained(tmp_path_factory):
     corpus = write_corpus(d / "corpus")
     out = d / "model"
     code = main(["train", "--model", "fnn", "--data", str(corpus), "--out", str(out), "--max-epochs", "2",
-                 "--bptt", "20", *TINY])
+                 SEQ_LEN, "20", *TINY])
     assert code == 0
     return corpus, out
 
@@ -90,7 +90,7 @@ def test_python_api(trained):
 def test_resume_continues_and_refuses_to_overwrite(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "c")
     out = tmp_path / "m"
-    base = ["train", "--model", "fofe", "--data", corpus, "--out", out, "--bptt", "20", *TINY]
+    base = ["train", "--model", "fofe", "--data", corpus, "--out", out, SEQ_LEN, "20", *TINY]
     assert run(capsys, *base, "--max-epochs", "1")[0] == 0
     code, _, err = run(capsys, *base, "--max-epochs", "1")
     assert code == 2 and "already holds a model" in err and len(err.strip().splitlines()) == 1
@@ -102,12 +102,12 @@ def test_resume_continues_and_refuses_to_overwrite(tmp_path, capsys):
 def test_train_defaults_and_yaml_config(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "c")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("hidden: 8\ntrain:\n  max_epochs: 1\n  bptt: 30\ndata:\n  max_vocab: 8\n")
+    cfg.write_text(f"hidden: 8\ntrain:\n  max_epochs: 1\n  {SEQ_KEY}: 30\ndata:\n  max_vocab: 8\n")
     code, stdout, _ = run(capsys, "train", "--data", corpus, "--out", tmp_path / "m", "--config", cfg,
                           "--threads", "1")
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert code == 0 and json.loads(stdout)["valid_ppl"] > 1
-    assert saved["model"]["hidden"] == 8 and saved["model"]["train"]["bptt"] == 30 and saved["data"]["max_vocab"] == 8
+    assert saved["model"]["hidden"] == 8 and saved["model"]["train"][SEQ_KEY] == 30 and saved["data"]["max_vocab"] == 8
     assert len((tmp_path / "m" / "vocab.txt").read_text().splitlines()) == 8
 
 

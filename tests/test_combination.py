@@ -24,7 +24,7 @@ from seqlm.data.corpus import encode_file, encode_sentences
 from seqlm.eval.perplexity import LOG10, can_stream, score_tokens
 from seqlm.models.mixture import MixtureModel, fit_weights, mix_logp
 
-from conftest import TINY, write_corpus
+from conftest import SEQ_LEN, TINY, write_corpus
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -40,7 +40,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     corpus = write_corpus(d / "corpus")
     runs = {
         "fnn": ["--max-epochs", "1", *TINY],
-        "rnn": ["--max-epochs", "1", "--bptt", "10", "--batch-size", "8", *TINY],
+        "rnn": ["--max-epochs", "1", SEQ_LEN, "10", "--batch-size", "8", *TINY],
         "kn": ["--order", "3"],
     }
     with warnings.catch_warnings():
@@ -153,7 +153,7 @@ def test_interpolate_stream_scores_a_sentence_independent_rnn_sentence_by_senten
     """--stream: the stream-trained rnn carries its state, the sentence-independent one keeps its own mode."""
     indep = tmp_path / "indep"
     assert main(["train", "--model", "rnn", "--data", str(models["corpus"]), "--out", str(indep), "--max-epochs", "1",
-                 "--bptt", "10", "--batch-size", "8", "--sentence-independent", "true", *TINY]) == 0
+                 SEQ_LEN, "10", "--batch-size", "8", "--sentence-independent", "true", *TINY]) == 0
     capsys.readouterr()
     valid = models["corpus"] / "valid.txt"
     code, out, err = run(capsys, "interpolate", models["rnn"], indep, "--valid", valid, "--stream",
@@ -211,10 +211,12 @@ def expected(model_dir: Path, lm_weight: float, penalty: float, old_w: float | N
     return out
 
 
-def read_scores(text: str) -> dict[str, list[float]]:
+def read_scores(text: str, with_oov: bool = False) -> dict[str, list[float]]:
+    """key -> [acoustic, old_lm, new_lm, total] (and the oov count last, if `with_oov`)."""
     lines = text.splitlines()
-    assert lines[0].split("\t") == ["key", "acoustic", "old_lm", "new_lm", "total"]
-    return {k: [float(x) for x in rest] for k, *rest in (line.split("\t") for line in lines[1:])}
+    assert lines[0].split("\t") == ["key", "acoustic", "old_lm", "new_lm", "total", "oov"]
+    rows = {k: [float(x) for x in rest] for k, *rest in (line.split("\t") for line in lines[1:])}
+    return rows if with_oov else {k: v[:4] for k, v in rows.items()}
 
 
 @pytest.mark.parametrize("model", ["rnn", "mix"])
@@ -251,6 +253,39 @@ def test_rescore_costs_tsv_and_interpolate_old(models, tmp_path, capsys):
     code, out, _ = run(capsys, "rescore", model, "--tsv", tsv, "--interpolate-old", "0.25")
     assert code == 0 and [v[3] for v in read_scores(out).values()] == pytest.approx(
         [t for _, t in want.values()], abs=1e-5)
+
+
+def test_rescore_reports_oovs_and_charges_the_oov_penalty(tmp_path, capsys):
+    """PTB-like training text (rare words replaced by <unk>) makes an unknown word likelier than a rare known one:
+    "higher prophets" beats "higher profits" on the LM alone; the oov column shows why, the penalty fixes it."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = ["the company expects higher <unk>"] * 20 + ["the company expects higher profits"] * 2 + ["the cat sat"] * 5
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # default discounts on a tiny corpus
+        assert main(["train", "--model", "kn", "--order", "3", "--data", str(corpus),
+                     "--out", str(tmp_path / "kn")]) == 0
+    capsys.readouterr()
+    tsv = tmp_path / "nbest.tsv"
+    tsv.write_text("utt1-1\t-10.0\t0\tthe company expects higher profits\n"
+                   "utt1-2\t-10.0\t0\tthe company expects higher prophets\n")
+    code, out, err = run(capsys, "rescore", tmp_path / "kn", "--tsv", tsv, "--best", tmp_path / "best.txt")
+    plain = read_scores(out, with_oov=True)
+    assert code == 0 and [v[4] for v in plain.values()] == [0, 1]  # "prophets" is the only unknown word
+    assert (tmp_path / "best.txt").read_text() == "utt1 the company expects higher prophets\n"
+    assert "1 of 2 hypotheses" in err and "--oov-penalty" in err
+    lm = seqlm.load(tmp_path / "kn")  # by hand: the difference is ln P(<unk> | expects higher) - ln P(profits | ...)
+    full = [np.array(x) * LOG10 for x in seqlm.score_text(lm, ["the company expects higher profits",
+                                                                "the company expects higher <unk>"])]
+    assert plain["utt1-2"][3] - plain["utt1-1"][3] == pytest.approx(float(full[1].sum() - full[0].sum()), abs=1e-5)
+    code, out, _ = run(capsys, "rescore", tmp_path / "kn", "--tsv", tsv, "--oov-penalty", "5",
+                       "--best", tmp_path / "best.txt")
+    charged = read_scores(out, with_oov=True)
+    for key in plain:  # total less 5 per unknown word, nothing else changed
+        assert charged[key][3] == pytest.approx(plain[key][3] - 5 * plain[key][4], abs=1e-6)
+    assert (tmp_path / "best.txt").read_text() == "utt1 the company expects higher profits\n"
 
 
 @pytest.mark.parametrize("case", ["bad-key", "bad-score", "missing-score", "extra-score", "duplicate", "tsv-columns",

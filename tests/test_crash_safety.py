@@ -24,9 +24,9 @@ from seqlm.models.fnn import FNNConfig
 from seqlm.registry import FAMILIES
 from seqlm.train import loop
 
-from conftest import TINY, cli_env, write_corpus
+from conftest import SEQ_KEY, SEQ_LEN, TINY, cli_env, write_corpus
 
-ARGS = ["--model", "fnn", "--bptt", "20", "--max-epochs", "4", "--lr", "0.3", "--seed", "7", *TINY]
+ARGS = ["--model", "fnn", SEQ_LEN, "20", "--max-epochs", "4", "--lr", "0.3", "--seed", "7", *TINY]
 
 
 def test_kill_9_then_resume_ends_like_an_uninterrupted_run(tmp_path, capsys):
@@ -97,7 +97,7 @@ def _tiny_fit(tmp_path: Path, step, lr: float = 0.3, retries: int = 3):
     corpus = write_corpus(tmp_path / "corpus", n_train=60, n_eval=10)
     vocab, train = build_vocab_and_encode(corpus / "train.txt")
     valid = encode_file(corpus / "valid.txt", vocab)
-    cfg = FNNConfig(hidden=16, embed=8, train=TrainConfig(lr=lr, bptt=20, max_epochs=2, threads=1,
+    cfg = FNNConfig(hidden=16, embed=8, train=TrainConfig(lr=lr, **{SEQ_KEY: 20}, max_epochs=2, threads=1,
                                                           max_nan_retries=retries))
     model = FAMILIES["fnn"].build(cfg, vocab)
     out = tmp_path / "out"
@@ -138,7 +138,7 @@ def test_a_nan_loss_every_time_gives_up_after_bounded_retries(tmp_path):
 def test_absurd_lr_through_the_cli_is_a_clear_error(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", n_train=60, n_eval=10)
     r = subprocess.run([sys.executable, "-m", "seqlm", "train", "--model", "fnn", "--data", str(corpus), "--out",
-                        str(tmp_path / "m"), "--lr", "1e30", "--bptt", "20", *TINY], capture_output=True, text=True,
+                        str(tmp_path / "m"), "--lr", "1e30", SEQ_LEN, "20", *TINY], capture_output=True, text=True,
                        env=cli_env(), timeout=120)
     assert r.returncode == 2
     err = [x for x in r.stderr.splitlines() if x.startswith("seqlm: error:")]

@@ -30,9 +30,9 @@ from seqlm.data.vocab import BOS, EOS, UNK, Vocab
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import evaluate
 
-from conftest import TINY, cli_env, seqlm_cli, write_corpus
+from conftest import SEQ_LEN, TINY, cli_env, seqlm_cli, write_corpus
 
-FNN = ["--model", "fnn", "--bptt", "20", "--max-epochs", "1", *TINY]
+FNN = ["--model", "fnn", SEQ_LEN, "20", "--max-epochs", "1", *TINY]
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -97,7 +97,7 @@ def test_a_vocabulary_of_one_word(tmp_path, capsys, family):
     corpus.mkdir()
     for split in ("train", "valid", "test"):
         (corpus / f"{split}.txt").write_text("a a a\na\n\na a\n", encoding="utf-8")
-    extra = ["--order", "2"] if family == "kn" else ["--bptt", "4", "--max-epochs", "1", *TINY]
+    extra = ["--order", "2"] if family == "kn" else [SEQ_LEN, "4", "--max-epochs", "1", *TINY]
     code, out, err = run(capsys, "train", "--model", family, "--data", corpus, "--out", tmp_path / "m", *extra)
     assert code == 0, err
     assert set(Vocab.load(tmp_path / "m" / "vocab.txt").itos) - {BOS} == {EOS, UNK, "a"}  # kn adds <s>
@@ -250,7 +250,7 @@ BAD_MODEL_DIRS = {
     "vocab missing": ("fnn", "vocab.txt", Path.unlink, "missing"),
     "config not JSON": ("fnn", "config.json", lambda p: p.write_text("{family: fnn"), "not valid JSON"),
     "config missing": ("fnn", "config.json", Path.unlink, "missing"),
-    "config names an unknown family": ("fnn", "config.json", _set_json("family", "transformer"),
+    "config names an unknown family": ("fnn", "config.json", _set_json("family", "transformerxl"),
                                        "unknown model family"),
     "config has an unknown key": ("fnn", "config.json", _set_json("model", {"hidden": 16, "wings": 2}), "unknown key"),
     "config asks for a huge model": ("fnn", "config.json", _set_json("model", {"hidden": 10**6}), "do not match"),
@@ -268,6 +268,8 @@ def test_a_broken_model_directory_is_refused(tmp_path, capsys, models, name):
     corpus, fnn, kn = models
     family, file, breaker, match = BAD_MODEL_DIRS[name]
     d = _copy(fnn if family == "fnn" else kn, tmp_path / "model")
+    if file == "model.arpa":  # the ARPA file is the model only when no binary copy sits beside it
+        (d / "model.bin").unlink(missing_ok=True)
     breaker(d / file)
     before = snapshot(d)
     refused(capsys, "eval", d, "--text", corpus / "test.txt", match=match)
@@ -280,13 +282,13 @@ FLAG_ERRORS = {
     "misspelt option": (["--hiden", "16"], "unknown option --hiden"),
     "zero size": (["--hidden", "0"], "--hidden must be positive"),
     "negative size": (["--embed", "-8"], "--embed must be positive"),
-    "zero bptt": (["--bptt", "0"], "--bptt must be positive"),
+    "zero seq-len": ([SEQ_LEN, "0"], f"{SEQ_LEN} must be positive"),
     "negative batch": (["--batch-size", "-2"], "--batch-size must be positive"),
     "zero epochs": (["--max-epochs", "0"], "--max-epochs must be positive"),
     "negative seed": (["--seed", "-1"], "--seed must not be negative"),
     "negative retries": (["--max-nan-retries", "-1"], "--max-nan-retries must not be negative"),
     "not a number": (["--lr", "fast"], "--lr expects float"),
-    "bad choice": (["--optimizer", "adamw"], "--optimizer must be one of"),
+    "bad choice": (["--optimizer", "rmsprop"], "--optimizer must be one of"),
     "zero processes": (["--nproc", "0"], "--nproc must be at least 1"),
     "processes not a number": (["--nproc", "two"], "--nproc"),
     "kn is not data-parallel": (["--model", "kn", "--nproc", "2"], "drop --nproc"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,19 +25,32 @@ VOCAB = "vocab.txt"
 WEIGHTS = "weights.safetensors"
 
 
+def _new_temp(path: Path) -> Path:
+    """A new empty file next to `path` with the permissions of any file the user creates (0666 less the
+    umask), not mkstemp's 0600: model files, metrics and results then all read the same way."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name next to {path}")
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success fsync it and rename it over `path`."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp_path = _new_temp(path)
+        mode = tmp_path.stat().st_mode & 0o777  # 0666 less the umask, as the kernel applied it
     except OSError as e:
         raise SeqlmError(f"{path}: cannot write ({e.strerror}); check the directory or choose another one") from None
-    os.close(fd)
-    tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, mode)  # a writer that replaced the file (safetensors does) made it 0600
         with open(tmp_path, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)

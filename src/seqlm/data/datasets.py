@@ -1,8 +1,10 @@
 """Named datasets and corpus directories.
 
 A corpus is a directory with train, valid and test splits (`.txt` or `.txt.gz`). The name `ptb`
-resolves to `$SEQLM_DATA/ptb`, else the cache (`$SEQLM_CACHE/datasets/ptb`), else a download from the
-canonical public copy of Mikolov's PTB, checked against its md5 sums.
+resolves to `$SEQLM_DATA/ptb`, else the cache (`$SEQLM_CACHE/datasets/ptb`, by default
+~/.cache/seqlm/datasets/ptb), else a download from the canonical public copy of Mikolov's PTB, checked
+against its md5 sums. A copy found through `$SEQLM_DATA` is linked into the cache (a symlink), so later
+commands find it without the variable; a download lands in the cache itself.
 """
 
 from __future__ import annotations
@@ -52,24 +54,54 @@ def _download(name: str, dest: Path) -> None:
             urllib.request.urlretrieve(url.format(split=split), tmp)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise SeqlmError(f"cannot download {name} ({e.__class__.__name__}); offline? put train.txt, "
-                             f"valid.txt and test.txt in $SEQLM_DATA/{name}/ and try again") from None
+            raise SeqlmError(f"cannot download {name} ({e.__class__.__name__}); offline?") from None
         if _md5(tmp) != md5[split]:
             tmp.unlink()
-            raise SeqlmError(f"downloaded {name} {split}.txt has the wrong md5; put a good copy in "
-                             f"$SEQLM_DATA/{name}/")
+            raise SeqlmError(f"downloaded {name} {split}.txt has the wrong md5")
         os.replace(tmp, target)
+
+
+def _remember(name: str, found: Path) -> None:
+    """Link the cache's entry for dataset `name` to `found`, unless the cache already holds one."""
+    cached = cache_dir() / "datasets" / name
+    if cached.is_symlink() and not cached.exists():
+        cached.unlink()  # points at a copy that has gone: follow the new one
+    if cached.exists() or cached.is_symlink():
+        return
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.symlink_to(found.resolve(), target_is_directory=True)
+    except OSError:
+        pass  # a read-only home or no symlinks: $SEQLM_DATA keeps working, only the shortcut is lost
+
+
+def _named_dataset(name: str) -> Path:
+    """$SEQLM_DATA/NAME (then remembered in the cache), else the cache's copy, else a download into it."""
+    env = os.environ.get("SEQLM_DATA")
+    cached = cache_dir() / "datasets" / name
+    if env and (Path(env) / name).is_dir():
+        found = Path(env) / name
+        for split in SPLITS:
+            split_path(found, split)
+        _remember(name, found)
+        return found
+    if cached.is_symlink() and not cached.exists():
+        cached.unlink()
+    if not all((cached / f"{split}.txt").is_file() for split in SPLITS):
+        try:
+            _download(name, cached)
+        except SeqlmError as e:
+            env_says = f"SEQLM_DATA={env}" if env else "SEQLM_DATA is not set"
+            raise SeqlmError(f"{e}; put train.txt, valid.txt and test.txt in $SEQLM_DATA/{name}/ ({env_says}) "
+                             f"or in {cached}/ and try again") from None
+    return cached
 
 
 def resolve_corpus(name_or_dir: str) -> Path:
     """A corpus directory for a dataset name or a path, checked to hold all three splits."""
     path = Path(name_or_dir)
     if name_or_dir in DATASETS and not path.is_dir():
-        env = os.environ.get("SEQLM_DATA")
-        candidates = ([Path(env) / name_or_dir] if env else []) + [cache_dir() / "datasets" / name_or_dir]
-        path = next((c for c in candidates if c.is_dir()), None) or candidates[-1]
-        if not path.is_dir():
-            _download(name_or_dir, path)
+        path = _named_dataset(name_or_dir)
     elif not path.is_dir():
         raise SeqlmError(f"{name_or_dir}: not a directory or a known dataset ({', '.join(DATASETS)})")
     for split in SPLITS:

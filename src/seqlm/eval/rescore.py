@@ -11,7 +11,13 @@ Kaldi's n-best files store them (nbest-to-linear's ac/lm cost files). The new LM
 ln P(w_1 .. w_n </s> | <s>) from the model, sentence by sentence (no history across hypotheses).
 
     lm    = new_lm                              (or (1 - W) new_lm + W old_lm with --interpolate-old W)
-    total = acoustic + lm_weight * lm - word_penalty * n_words
+    total = acoustic + lm_weight * lm - word_penalty * n_words - oov_penalty * n_oov
+
+n_oov counts the hypothesis' words outside the model's vocabulary (scored as `<unk>`, the one OOV
+definition of seqlm.eval.perplexity). A model trained on text with many `<unk>` (PTB) can give an
+unknown word more probability than a rare known one and so prefer "higher prophets" to "higher
+profits"; the `oov` column shows it, and `--oov-penalty P` (in nats, like SRILM's and Kaldi's fixed
+log-probability for unknown words) charges P per such word.
 
 The best hypothesis of an utterance has the highest total (the lowest total cost); ties go to the
 one listed first. All hypotheses are scored in one batched pass (`score_tokens`), not one at a time.
@@ -32,7 +38,7 @@ import numpy as np
 from seqlm import checkpoint as ckpt
 from seqlm.data.corpus import encode_sentences
 from seqlm.errors import SeqlmError
-from seqlm.eval.perplexity import score_tokens
+from seqlm.eval.perplexity import oov_mask, score_tokens
 from seqlm.protocol import LanguageModel
 
 _KEY = re.compile(r"^(.+)-(\d+)$")  # uttid-N
@@ -56,6 +62,7 @@ class Rescored:
     nbest: NBest
     new_lm: np.ndarray  # (H,) ln P(hypothesis </s>) under the model
     total: np.ndarray  # (H,) combined score, higher is better
+    oov: np.ndarray  # (H,) words of each hypothesis outside the model's vocabulary
     best: list[int]  # index of the best hypothesis of each utterance, in order of first appearance
 
 
@@ -158,33 +165,36 @@ def read_tsv(path: str | Path, costs: bool = False) -> NBest:
 
 
 def rescore(model: LanguageModel, nbest: NBest, lm_weight: float = 1.0, word_penalty: float = 0.0,
-            interpolate_old: float | None = None, max_tokens: int = 4096) -> Rescored:
+            interpolate_old: float | None = None, max_tokens: int = 4096, oov_penalty: float = 0.0) -> Rescored:
     """New LM scores for every hypothesis (one batched pass) and the combined totals (module docstring)."""
     if interpolate_old is not None:
         if not 0.0 <= interpolate_old <= 1.0:
             raise SeqlmError(f"--interpolate-old must be between 0 and 1, got {interpolate_old}")
         if np.isnan(nbest.old_lm).any():
             raise SeqlmError("--interpolate-old needs the old LM scores: give --lm-scores FILE")
+    if not math.isfinite(oov_penalty):
+        raise SeqlmError(f"--oov-penalty must be a finite number, got {oov_penalty}")
     stream = encode_sentences(nbest.sentences, model.vocab)
     new_lm = score_tokens(model, stream, max_tokens=max_tokens).sentence_totals()  # (H,)
+    oov = np.add.reduceat(oov_mask(stream, model.vocab).astype(np.int64), np.asarray(stream.starts[:-1]))  # (H,)
     lm = new_lm if interpolate_old is None else (1 - interpolate_old) * new_lm + interpolate_old * nbest.old_lm
     n_words = np.array([len(s) for s in nbest.sentences], dtype=np.float64)  # (H,)
-    total = nbest.acoustic + lm_weight * lm - word_penalty * n_words  # (H,)
+    total = nbest.acoustic + lm_weight * lm - word_penalty * n_words - oov_penalty * oov  # (H,)
     best: dict[str, int] = {}
     for i in range(len(nbest.keys)):
         utt = nbest.utterance(i)
         if utt not in best or total[i] > total[best[utt]]:
             best[utt] = i
-    return Rescored(nbest, new_lm, total, list(best.values()))
+    return Rescored(nbest, new_lm, total, oov, list(best.values()))
 
 
 def format_scores(r: Rescored, costs: bool = False) -> str:
-    """TSV with a header: key, acoustic, old_lm, new_lm, total (costs if `costs`)."""
+    """TSV with a header: key, acoustic, old_lm, new_lm, total (costs if `costs`), oov (a word count)."""
     sign = -1.0 if costs else 1.0
-    rows = ["key\tacoustic\told_lm\tnew_lm\ttotal"]
+    rows = ["key\tacoustic\told_lm\tnew_lm\ttotal\toov"]
     for i, key in enumerate(r.nbest.keys):
         vals = (r.nbest.acoustic[i], r.nbest.old_lm[i], r.new_lm[i], r.total[i])
-        rows.append(key + "".join(f"\t{sign * v:.6f}" for v in vals))
+        rows.append(key + "".join(f"\t{sign * v:.6f}" for v in vals) + f"\t{int(r.oov[i])}")
     return "\n".join(rows) + "\n"
 
 
@@ -196,7 +206,7 @@ def format_best(r: Rescored) -> str:
 def rescore_files(model_dir: str | Path, nbest: str | None = None, tsv: str | None = None,
                   acoustic: str | None = None, lm_scores: str | None = None, costs: bool = False,
                   lm_weight: float = 1.0, word_penalty: float = 0.0, interpolate_old: float | None = None,
-                  out: str | None = None, best: str | None = None) -> Rescored:
+                  out: str | None = None, best: str | None = None, oov_penalty: float = 0.0) -> Rescored:
     """What `seqlm rescore` does: read, rescore, write the scores (stdout if no `out`) and the 1-best."""
     import seqlm
 
@@ -207,7 +217,12 @@ def rescore_files(model_dir: str | Path, nbest: str | None = None, tsv: str | No
     if nbest is not None and acoustic is None:
         raise SeqlmError("--nbest needs the acoustic scores: --acoustic FILE (lines 'uttid-N score')")
     hyps = read_tsv(tsv, costs) if tsv is not None else read_nbest(nbest, acoustic, lm_scores, costs)
-    result = rescore(seqlm.load(model_dir), hyps, lm_weight, word_penalty, interpolate_old)
+    result = rescore(seqlm.load(model_dir), hyps, lm_weight, word_penalty, interpolate_old, oov_penalty=oov_penalty)
+    n_with = int((result.oov > 0).sum())
+    if n_with:
+        print(f"seqlm: {n_with} of {len(result.oov)} hypotheses have words outside the model's vocabulary "
+              f"(scored as <unk>; column `oov`){'' if oov_penalty else '; --oov-penalty P charges P per such word'}",
+              file=sys.stderr)
     text = format_scores(result, costs)
     if out is None:
         sys.stdout.write(text)
