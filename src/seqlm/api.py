@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,30 @@ def load(path: str | Path) -> LanguageModel:
     return model
 
 
-def score_text(model: LanguageModel, sentences: list[list[str]]) -> list[list[float]]:
-    """log10 probability of every token of every sentence, `</s>` last (KenLM's full_scores)."""
-    stream = encode_sentences(sentences, model.vocab)
+def _token_lists(sentences: Sequence[str | Sequence[str]]) -> list[list[str]]:
+    """Each sentence as its tokens: a list of words as given, a string split on whitespace (like KenLM's
+    Python API), never a string's characters."""
+    if isinstance(sentences, str):
+        raise SeqlmError("score_text takes a list of sentences, got one string; use score_text(lm, [text]) or "
+                         "score_sentence(lm, text)")
+    out = []
+    for i, s in enumerate(sentences):
+        if isinstance(s, str):
+            out.append(s.split())
+        elif isinstance(s, Sequence) and all(isinstance(w, str) for w in s):
+            out.append(list(s))
+        else:
+            raise SeqlmError(f"score_text: sentence {i} is a {type(s).__name__}; give a string or a list of words")
+    return out
+
+
+def score_text(model: LanguageModel, sentences: Sequence[str | Sequence[str]]) -> list[list[float]]:
+    """log10 probability of every token of every sentence, `</s>` last (KenLM's full_scores).
+
+    A sentence is a list of words, or a string, which is split on whitespace: `["the cat sat"]` and
+    `[["the", "cat", "sat"]]` score the same.
+    """
+    stream = encode_sentences(_token_lists(sentences), model.vocab)
     logp = score_tokens(model, stream).logp / LOG10
     starts = stream.starts
     return [logp[starts[i] : starts[i + 1]].tolist() for i in range(stream.num_sentences)]
