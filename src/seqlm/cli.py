@@ -173,7 +173,7 @@ def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
     from seqlm.eval.rescore import rescore_files
 
     rescore_files(args.model_dir, args.nbest, args.tsv, args.acoustic, args.lm_scores, args.costs, args.lm_weight,
-                  args.word_penalty, args.interpolate_old, args.out, args.best)
+                  args.word_penalty, args.interpolate_old, args.out, args.best, oov_penalty=args.oov_penalty)
 
 
 def cmd_convert(args: argparse.Namespace, rest: list[str]) -> None:
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("rescore", help=cmd_rescore.__doc__,
                         description="Scores are natural-log likelihoods (higher is better), or with --costs "
                                     "negative ones (lower is better, as Kaldi stores them), in and out. "
-                                    "total = acoustic + lm_weight * lm - word_penalty * words. "
+                                    "total = acoustic + lm_weight * lm - word_penalty * words - oov_penalty * oovs. "
                                     "See docs/combination.md.")
     rs.add_argument("model_dir", help="model directory (or an .arpa file)")
     rs.add_argument("--nbest", help="hypotheses, one per line: uttid-N word word ...")
@@ -288,9 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--costs", action="store_true", help="scores are costs (-ln p), in the input and the output")
     rs.add_argument("--lm-weight", type=float, default=1.0, help="scale of the LM score in the total")
     rs.add_argument("--word-penalty", type=float, default=0.0, help="subtracted from the total per word")
+    rs.add_argument("--oov-penalty", type=float, default=0.0, metavar="P",
+                    help="subtracted from the total per word outside the model's vocabulary (nats; column oov)")
     rs.add_argument("--interpolate-old", type=float, default=None, metavar="W",
                     help="LM score = (1-W) new + W old (log-linear; needs the old LM scores)")
-    rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total (default stdout)")
+    rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total, oov (default stdout)")
     rs.add_argument("--best", help="write the best hypothesis of each utterance here (uttid word ...)")
     rs.set_defaults(func=cmd_rescore)
 
