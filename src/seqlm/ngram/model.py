@@ -113,9 +113,9 @@ class NGramModel:
         chained = np.array_equal(inputs[:, 1:][~starts[:, 1:]], targets[:, :-1][~starts[:, 1:]])
         ctx = self.find(1, inputs, inputs) if self.order > 1 else None  # (B, T) ids at order 1
         for k in range(1, self.order):  # ctx: (B, T) ids at order k of the k inputs ending at t
-            bo = np.where(ctx >= 0, self.log10_backoff[k - 1][np.maximum(ctx, 0)], 0.0)  # (B, T)
+            bo = _take(self.log10_backoff[k - 1], ctx, 0.0)  # (B, T)
             hit = self.find(k + 1, ctx, targets)  # (B, T)
-            logp = np.where(hit >= 0, self.log10_prob[k][np.maximum(hit, 0)], logp + bo)
+            logp = np.where(hit >= 0, _take(self.log10_prob[k], hit, 0.0), logp + bo)
             length = np.where(hit >= 0, k + 1, length)
             if k + 1 < self.order:
                 prev = np.full_like(inputs, -1)  # (B, T) the order-k context one position earlier
@@ -161,7 +161,7 @@ class NGramModel:
         ctx_ids = self.context_ids(hist, np.zeros(hist.shape, dtype=bool))
         for k, ctx in enumerate(ctx_ids, 1):
             ctx = ctx[:, -1]  # (B,) id at order k of the last k words
-            logp += np.where(ctx >= 0, self.log10_backoff[k - 1][np.maximum(ctx, 0)], 0.0)[:, None]
+            logp += _take(self.log10_backoff[k - 1], ctx, 0.0)[:, None]
             keys = self.keys[k]
             lo = np.searchsorted(keys, ctx * V)  # (B,) the n-grams continuing ctx are keys[lo:hi]
             hi = np.where(ctx >= 0, np.searchsorted(keys, (ctx + 1) * V), lo)  # (B,)
@@ -248,6 +248,13 @@ class NGramModel:
             ids = key // V
         cols.append(ids)
         return np.stack(cols[::-1], axis=1)
+
+
+def _take(values: np.ndarray, ids: np.ndarray, default: float) -> np.ndarray:
+    """values[ids] where ids >= 0, else `default` (also when an order has no entries at all)."""
+    if len(values) == 0:
+        return np.full(ids.shape, default)
+    return np.where(ids >= 0, values[np.maximum(ids, 0)], default)
 
 
 def _row_ids(keys: list[np.ndarray], V: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
