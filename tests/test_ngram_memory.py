@@ -1,0 +1,137 @@
+"""Bounded-memory estimation (`--memory`, lmplz -S): the same counts and model as in memory, and it runs
+under an address-space cap (RLIMIT_AS) that the in-memory path cannot meet.
+
+The capped subprocess builds the id cache of a corpus first (memory-mapped, so its pages are mapped
+before the cap), warms up both paths on a small file, then caps its address space at what it uses plus
+HEADROOM and estimates a KN3 model of the big corpus with `--memory` well below HEADROOM. The in-memory
+estimate, tried under the same cap, runs out of memory: that proves the cap bites.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqlm.cli import main
+from seqlm.data.corpus import TokenStream, encode_sentences
+from seqlm.data.vocab import EOS, Vocab
+from seqlm.models.kn import KNConfig, estimate_kn
+from seqlm.ngram.counts import count_ngrams
+from seqlm.ngram.external import chunk_bounds, count_ngrams_bounded
+
+from conftest import cli_env, write_corpus
+
+HEADROOM_MB = 48
+BLOCK_SENTENCES = 600
+REPEATS = 300  # about 3M tokens: in memory that is ~300 MB of sort buffers; the distinct n-grams are few
+
+PROBE = r"""
+import json, resource, sys, warnings
+from pathlib import Path
+import numpy as np
+from seqlm.data.corpus import build_vocab, encode_file
+from seqlm.models.kn import KNConfig, estimate_kn
+
+small, big, headroom = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) << 20
+warnings.simplefilter("ignore")
+vocab = build_vocab(big)
+stream = encode_file(big, vocab)  # the id cache, memory-mapped
+small_vocab = build_vocab(small)
+small_stream = encode_file(small, small_vocab)
+for memory in ("", "1M"):  # warm up: every import and lazy allocation happens before the cap
+    estimate_kn(KNConfig(order=3, memory=memory), small_stream, small_vocab)
+size = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (size + headroom, resource.RLIM_INFINITY))
+bounded = estimate_kn(KNConfig(order=3, memory="8M"), stream, vocab)
+try:
+    estimate_kn(KNConfig(order=3), stream, vocab)
+    in_memory = "fits"
+except MemoryError:
+    in_memory = "MemoryError"
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+full = estimate_kn(KNConfig(order=3), stream, vocab)
+same = all(np.array_equal(a, b) for name in ("keys", "log10_prob", "log10_backoff")
+           for a, b in zip(getattr(bounded, name), getattr(full, name)))
+print(json.dumps({"in_memory": in_memory, "same": same, "tokens": len(stream.ids), "sizes": bounded.sizes}))
+"""
+
+
+def _block(seed: int = 0) -> str:
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(400)]
+    return "".join(" ".join(rng.choice(words) for _ in range(rng.randint(2, 16))) + "\n"
+                   for _ in range(BLOCK_SENTENCES))
+
+
+def test_estimation_under_a_memory_cap_the_in_memory_path_cannot_meet(tmp_path: Path) -> None:
+    block = _block()
+    big = tmp_path / "train.txt"
+    big.write_text(block * REPEATS, encoding="utf-8")
+    small = tmp_path / "small.txt"
+    small.write_text(block, encoding="utf-8")
+    r = subprocess.run([sys.executable, "-c", PROBE, str(small), str(big), str(HEADROOM_MB)], capture_output=True,
+                       text=True, env=cli_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["in_memory"] == "MemoryError", "the cap did not bite: the in-memory estimate fit in the headroom"
+    assert got["same"], "bounded-memory estimate differs from the in-memory one"
+    assert got["tokens"] == (len(block.split()) + BLOCK_SENTENCES) * REPEATS
+
+
+def _stream(sentences: list[list[int]]) -> tuple[Vocab, TokenStream]:
+    words = [[f"w{w}" for w in s] for s in sentences]
+    counter = Counter(w for s in words for w in s)
+    counter[EOS] += len(words)
+    vocab = Vocab.build(counter)
+    return vocab, encode_sentences(words, vocab)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 5), st.integers(2, 40))
+def test_bounded_counts_equal_in_memory_counts(seed: int, order: int, types: int) -> None:
+    rng = np.random.default_rng(seed)
+    sentences = [rng.integers(0, types, rng.integers(0, 25)).tolist() for _ in range(rng.integers(1, 400))]
+    vocab, stream = _stream(sentences)
+    V, bos = len(vocab) + 1, len(vocab)
+    a = count_ngrams(stream, bos, V, order)
+    b = count_ngrams_bounded(stream, bos, V, order, memory=0)  # the smallest chunks: 1024 positions
+    for name in ("keys", "counts", "suffix"):
+        for x, y in zip(getattr(a, name), getattr(b, name), strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_chunks_cover_every_sentence_once() -> None:
+    starts = np.cumsum([0] + [5, 0, 3000, 7, 1, 1200, 3])  # one sentence longer than a chunk
+    bounds = chunk_bounds(starts, 1024)
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(starts) - 1
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(s1 > s0 for s0, s1 in bounds)
+
+
+def test_cli_memory_flag_gives_the_same_model(tmp_path: Path, capsys) -> None:
+    corpus = write_corpus(tmp_path / "corpus", n_train=4000)
+    for name, extra in (("mem", ["--memory", "1M"]), ("ram", [])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(["train", "--model", "kn", "--order", "4", "--data", str(corpus), "--out",
+                         str(tmp_path / name), *extra]) == 0
+    assert (tmp_path / "mem" / "model.arpa").read_bytes() == (tmp_path / "ram" / "model.arpa").read_bytes()
+    assert json.loads((tmp_path / "mem" / "config.json").read_text())["model"]["memory"] == "1M"
+    capsys.readouterr()
+    assert main(["train", "--model", "kn", "--data", str(corpus), "--out", str(tmp_path / "bad"),
+                 "--memory", "lots"]) == 2
+    assert "--memory" in capsys.readouterr().err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        vocab, stream = _stream([[1, 2, 3], [2, 3, 1]] * 50)
+        assert estimate_kn(KNConfig(order=2, memory="2M"), stream, vocab).sizes == \
+            estimate_kn(KNConfig(order=2), stream, vocab).sizes
