@@ -4,14 +4,20 @@ x(t) = [w(t); s(t-1)], s(t) = f(U x(t)), y(t) = g(V s(t)): the input word's embe
 layer (sigmoid, or tanh) whose state runs on across the whole text (the toolkit's default) or restarts
 at every sentence (`--sentence-independent`, what n-best rescoring needs). The output is a full
 softmax or the class-factorised one ('Speedup techniques': P(w|h) = P(c|h) P(w|c,h), C ~ sqrt(V)).
-Training: truncated BPTT ('Backpropagation through time'): the gradient of each chunk of `--bptt`
-steps is cut every `--tau` steps, so tau = 1 is plain back-propagation.
+Training: BPTT(tau) ('Backpropagation through time'), exactly per position: the error of every
+position's output flows back through `--tau` steps of the recurrence, reaching that position's input
+and the tau-1 inputs before it, and the recurrent weights at those steps; the state tau steps back
+enters as a constant. tau = 1 is plain back-propagation. The text comes in chunks of `--seq-len`
+steps; at a chunk edge the last tau-1 inputs of the previous chunk are run again (from the state
+before them, held constant), so the first positions of a chunk reach tau steps back too. (Before
+this, `--tau` cut each chunk into pieces of tau steps: a position's error flowed back 1..tau steps.)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +49,7 @@ class RNNConfig:
     output: str = "class"  # class | full
     classes: int = 0  # 0: round(sqrt(V))
     dropout: float = 0.0  # on the input embedding and the output layer's input; 0 = the paper's model
-    tau: int = 5  # BPTT truncation: steps the gradient flows back (1 = plain back-propagation)
+    tau: int = 5  # BPTT(tau): every position's error flows back through tau steps (1 = plain back-propagation)
     sentence_independent: bool = False  # reset the state at every sentence (train and eval)
     train: TrainConfig = field(default_factory=_rnnlm_training)
 
@@ -74,28 +80,37 @@ class RNNLM(nn.Module):
         else:
             self.out = FullSoftmax(hidden, len(vocab))
 
-    def _run(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """The recurrence over (B, T, E), the gradient path cut every `tau` steps (TBPTT)."""
-        if not torch.is_grad_enabled() or self.tau >= x.shape[1]:
-            return self.rnn(x, h)
-        outs = []
-        for t0 in range(0, x.shape[1], self.tau):
-            o, h = self.rnn(x[:, t0 : t0 + self.tau], h.detach())  # (B, tau, H)
-            outs.append(o)
-        return torch.cat(outs, dim=1), h  # (B, T, H)
-
-    def forward(self, batch: Batch, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
+        """(log-probs (B, T), next state). Training on a stream (autograd on, tau > 1), the state passed
+        between chunks is (the state before the last tau-1 inputs, those inputs (B, tau-1)): each
+        chunk first re-runs them, so BPTT(tau) reaches across the chunk edge (module docstring)."""
         if bool(batch.resets[:, 1:].any()):
             raise SeqlmError("rnn batches may start a sentence only in their first column")
-        B = batch.inputs.shape[0]
+        B, device = batch.inputs.shape[0], batch.inputs.device
+        state, context = state if isinstance(state, tuple) else (state, None)
         if state is None or self.sentence_independent:
-            state = self.rnn.initial_state(B, batch.inputs.device)  # (B, H)
+            state, context = self.rnn.initial_state(B, device), None  # (B, H)
         elif bool(batch.resets[:, 0].any()):
-            fresh = self.rnn.initial_state(B, batch.inputs.device)
-            state = torch.where(batch.resets[:, :1], fresh, state)
-        h, state = self._run(self.drop(self.embedding(batch.inputs)), state)  # (B, T, H), (B, H)
-        logp = self.out.target_log_probs(self.drop(h).flatten(0, 1), batch.targets.flatten()).view(B, -1)  # (B, T)
-        return logp.masked_fill(~batch.mask, 0.0), state
+            if context is not None:  # a reset cuts the history: bring the other rows to the chunk edge
+                with torch.no_grad():
+                    _, state = self.rnn(self.embedding(context), state)  # (B, H)
+                context = None
+            state = torch.where(batch.resets[:, :1], self.rnn.initial_state(B, device), state)
+        inputs = batch.inputs if context is None else torch.cat([context, batch.inputs], dim=1)  # (B, c+T)
+        c = inputs.shape[1] - batch.inputs.shape[1]
+        tau = self.tau if torch.is_grad_enabled() else None
+        h, last = self.rnn(self.drop(self.embedding(inputs)), state, tau)  # (B, c+T, H), (B, H)
+        logp = self.out.target_log_probs(self.drop(h[:, c:]).flatten(0, 1), batch.targets.flatten())  # (B*T,)
+        return logp.view(B, -1).masked_fill(~batch.mask, 0.0), self._next_state(inputs, h, state, last)
+
+    def _next_state(self, inputs: Tensor, h: Tensor, h0: Tensor, last: Tensor) -> Any:
+        """What the next chunk of a stream starts from: the last state, or in training (see forward)
+        the state before the last tau-1 inputs and those inputs."""
+        keep = min(self.tau - 1, inputs.shape[1])
+        if keep == 0 or self.sentence_independent or not (self.training and torch.is_grad_enabled()):
+            return last
+        start = h[:, -keep - 1] if keep < inputs.shape[1] else h0  # (B, H)
+        return start, inputs[:, -keep:]
 
     def score(self, batch: Batch) -> Tensor:
         return self(batch, None)[0]

@@ -61,7 +61,7 @@ class _ElmanBPTT(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, pre: Tensor, s0: Tensor, weight_hh: Tensor, activation: str) -> Tensor:
+    def forward(ctx, pre: Tensor, s0: Tensor, weight_hh: Tensor, activation: str, tau: int | None) -> Tensor:
         # pre (T, B, H), s0 (B, H), weight_hh (H, H) -> out (T, B, H)
         out = torch.empty_like(pre)  # (T, B, H)
         w_t = weight_hh.T  # (H, H)
@@ -70,36 +70,62 @@ class _ElmanBPTT(torch.autograd.Function):
             torch.addmm(pre[t], prev, w_t, out=out[t])  # (B, H) pre-activation, written in place
             prev = out[t].sigmoid_() if activation == "sigmoid" else out[t].tanh_()
         ctx.save_for_backward(out, s0, weight_hh)
-        ctx.activation = activation
+        ctx.activation, ctx.tau = activation, tau
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None, None]:
         # the recurrence ran in full precision (see Elman._forward_manual); so does its gradient, even
         # if backward() is called inside an autocast region
         with torch.autocast(device_type=grad_out.device.type, enabled=False):
-            return _ElmanBPTT._backward(ctx, grad_out)
+            out, s0, weight_hh = ctx.saved_tensors  # (T, B, H), (B, H), (H, H)
+            # f'(a) expressed through the output s = f(a): all steps at once
+            deriv = out * (1 - out) if ctx.activation == "sigmoid" else 1 - out * out  # (T, B, H)
+            if ctx.tau is None or ctx.tau > out.shape[0]:  # nothing to cut: the one-gradient loop
+                grad_pre, grad_s0 = _ElmanBPTT._full(grad_out, deriv, weight_hh)
+            else:
+                grad_pre, grad_s0 = _ElmanBPTT._truncated(grad_out, deriv, weight_hh, ctx.tau)
+            grad_w = None
+            if ctx.needs_input_grad[2]:
+                # dL/dW_h = sum_t dL/da(t)^T s(t-1): one big matmul over all steps
+                hidden = out.shape[-1]
+                grad_w = grad_pre[0].T @ s0  # (H, H)
+                grad_w = grad_w.addmm_(grad_pre[1:].reshape(-1, hidden).T, out[:-1].reshape(-1, hidden))
+            return grad_pre, grad_s0 if ctx.needs_input_grad[1] else None, grad_w, None, None
 
     @staticmethod
-    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
-        out, s0, weight_hh = ctx.saved_tensors  # (T, B, H), (B, H), (H, H)
-        # f'(a) expressed through the output s = f(a): all steps at once
-        deriv = out * (1 - out) if ctx.activation == "sigmoid" else 1 - out * out  # (T, B, H)
-        grad_pre = torch.empty_like(out)  # (T, B, H) dL/da(t)
+    def _full(grad_out: Tensor, deriv: Tensor, weight_hh: Tensor) -> tuple[Tensor, Tensor]:
+        """Back-propagation through every step: dL/da(t) for all t, and dL/ds0."""
+        grad_pre = torch.empty_like(deriv)  # (T, B, H) dL/da(t)
         grad_s = grad_out[-1]  # (B, H) dL/ds(T-1): only the direct gradient at the last step
-        for t in range(out.shape[0] - 1, -1, -1):
+        for t in range(deriv.shape[0] - 1, -1, -1):
             torch.mul(grad_s, deriv[t], out=grad_pre[t])
             if t > 0:
                 # dL/ds(t-1) = direct gradient + what flows back through W_h
                 grad_s = torch.addmm(grad_out[t - 1], grad_pre[t], weight_hh)  # (B, H)
-        grad_s0 = grad_pre[0] @ weight_hh if ctx.needs_input_grad[1] else None  # (B, H)
-        grad_w = None
-        if ctx.needs_input_grad[2]:
-            # dL/dW_h = sum_t dL/da(t)^T s(t-1): one big matmul over all steps
-            hidden = out.shape[-1]
-            grad_w = grad_pre[0].T @ s0  # (H, H)
-            grad_w = grad_w.addmm_(grad_pre[1:].reshape(-1, hidden).T, out[:-1].reshape(-1, hidden))
-        return grad_pre, grad_s0, grad_w, None
+        return grad_pre, grad_pre[0] @ weight_hh  # (T, B, H), (B, H)
+
+    @staticmethod
+    def _truncated(grad_out: Tensor, deriv: Tensor, weight_hh: Tensor, tau: int) -> tuple[Tensor, Tensor]:
+        """BPTT(tau) exactly per position (rnnlm-extensions.txt, 'Backpropagation through time'): the error
+        of the output at step u flows back through a(u), a(u-1), ..., a(u-tau+1) and no further.
+
+        The gradients from different source steps are kept apart, since each stops at its own step: g[j]
+        is dL(t+j)/ds(t), for j = 0..tau-1, a (tau, B, H) stack; going one step back, entry j moves to
+        j+1 through W_h (one batched matmul) and the entry that would reach tau is dropped.
+        """
+        T, B, H = deriv.shape
+        grad_pre = torch.empty_like(deriv)  # (T, B, H) dL/da(t), summed over the sources that reach t
+        g = deriv.new_zeros(tau, B, H)  # (tau, B, H)
+        p = torch.empty_like(g)  # (tau, B, H) dL(t+j)/da(t)
+        g[0] = grad_out[T - 1]
+        for t in range(T - 1, -1, -1):
+            torch.mul(g, deriv[t], out=p)
+            torch.sum(p, dim=0, out=grad_pre[t])
+            if t > 0:
+                torch.mm(p[:-1].view(-1, H), weight_hh, out=g[1:].view(-1, H))  # ((tau-1) B, H)
+                g[0] = grad_out[t - 1]
+        return grad_pre, p[:-1].sum(dim=0) @ weight_hh  # (T, B, H), (B, H): sources within tau-1 of step 0
 
 
 class Elman(nn.Module):
@@ -139,11 +165,15 @@ class Elman(nn.Module):
         device = self.weight_hh.device if device is None else device
         return torch.full((batch_size, self.hidden), value, device=device, dtype=self.weight_hh.dtype)
 
-    def forward(self, x: Tensor, h0: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, h0: Tensor | None = None, tau: int | None = None) -> tuple[Tensor, Tensor]:
+        """`tau`: the gradient of each step's output flows back through `tau` steps of the recurrence
+        (BPTT(tau), see _ElmanBPTT._truncated; 1 = plain back-propagation); None = through all of them."""
         if h0 is None:
             h0 = self.initial_state(x.shape[0], x.device)
         if self.impl == "manual":
-            return self._forward_manual(x, h0)
+            return self._forward_manual(x, h0, tau)
+        if tau is not None and tau <= x.shape[1] and torch.is_grad_enabled():
+            raise ValueError(f"BPTT(tau) truncation is implemented by impl='manual' only, not {self.impl!r}")
         if self.impl == "fused":
             return self._forward_fused(x, h0)
         return elman_reference(x, self._input_weight(x), self.weight_hh, self.bias, h0, self.activation)
@@ -154,14 +184,14 @@ class Elman(nn.Module):
             return self.weight_ih
         return torch.eye(self.hidden, dtype=self.weight_hh.dtype, device=x.device)  # (H, H)
 
-    def _forward_manual(self, x: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+    def _forward_manual(self, x: Tensor, h0: Tensor, tau: int | None = None) -> tuple[Tensor, Tensor]:
         dtype = self.weight_hh.dtype
         # the recurrence runs in the parameters' precision even under autocast: rounding errors would
         # compound over time steps, and the per-step kernels need matching dtypes
         with torch.autocast(device_type=x.device.type, enabled=False):
             xt = x.transpose(0, 1).to(dtype)  # (T, B, I)
             pre = F.linear(xt, self.weight_ih, self.bias) if self.weight_ih is not None else xt + self.bias  # (T, B, H)
-            out = _ElmanBPTT.apply(pre, h0.to(dtype), self.weight_hh, self.activation)  # (T, B, H)
+            out = _ElmanBPTT.apply(pre, h0.to(dtype), self.weight_hh, self.activation, tau)  # (T, B, H)
         return out.transpose(0, 1).contiguous(), out[-1]  # (B, T, H), (B, H)
 
     def _forward_fused(self, x: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
