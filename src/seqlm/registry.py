@@ -25,6 +25,7 @@ from seqlm.models import kn
 from seqlm.models.afp import AFPConfig, afp_batches, build_afp
 from seqlm.models.fnn import FNNConfig, build_fnn
 from seqlm.models.fofe import FOFEConfig, build_fofe
+from seqlm.models.lstm import LSTMConfig, build_lstm, lstm_batches
 from seqlm.models.mixture import NOT_TRAINED, MixtureConfig, load_mixture, save_mixture
 from seqlm.models.rnn import RNNConfig, build_rnn, rnn_batches
 from seqlm.models.transformer import TransformerConfig, build_transformer
@@ -179,6 +180,10 @@ FAMILIES: dict[str, Family] = {
     "afp": NeuralFamily(
         summary="Elman RNN LM with approximate fixed-point histories: K parallel iterations, order K+1 context",
         config=AFPConfig, build=build_afp, batches=afp_batches, step=tbptt_step,
+    ),
+    "lstm": NeuralFamily(
+        summary="LSTM LM (torch's fused LSTM): full, NCE-trained or sparse-code compressed vocabulary layers",
+        config=LSTMConfig, build=build_lstm, batches=lstm_batches, step=tbptt_step,
     ),
     "mix": MixtureFamily(
         summary="linear interpolation of saved models (rnnlm-extensions.txt); built by `seqlm interpolate`",

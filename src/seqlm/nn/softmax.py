@@ -6,6 +6,12 @@ Both layers share one interface. Callers flatten (B, T, H) hidden states to (N, 
   training and perplexity need, and it never builds an (N, V) tensor in the class-factorised layer.
 - ``log_probs(h) -> (N, V)``: the full normalised distribution in word-id order, for generation.
 
+- ``loss(h, targets) -> (N,)``: the training loss of each position: -log P for the exact layers, the NCE
+  loss when the layer is trained by noise-contrastive estimation (seqlm.nn.nce).
+
+`build_embedding` / `build_output` turn a family's `VocabLayerConfig` into these layers (dense, NCE-trained,
+sparse-code compressed), so a family needs one line for each and never branches on the objective.
+
 Log-softmaxes are computed in float32 (float64 if the layer is float64), so both layers work under
 ``torch.autocast('cpu', dtype=torch.bfloat16)`` and return float32 log-probabilities.
 """
@@ -13,10 +19,17 @@ Log-softmaxes are computed in float32 (float64 if the layer is float64), so both
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from seqlm.config import choice, positive
+from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
+from seqlm.nn.nce import NCE
+from seqlm.nn.sparse_code import CodeBook, CodedEmbedding, CodedLinear, SparseCodes, codes_for_vocab
 
 
 def _upcast(x: Tensor) -> Tensor:
@@ -25,21 +38,36 @@ def _upcast(x: Tensor) -> Tensor:
 
 
 class FullSoftmax(nn.Module):
-    """Plain softmax over the whole vocabulary: y = softmax(V s) (paper, 'Model description')."""
+    """Plain softmax over the whole vocabulary: y = softmax(V s) (paper, 'Model description').
 
-    def __init__(self, hidden: int, vocab_size: int) -> None:
+    `proj` is the output projection (nn.Linear, or a sparse-code CodedLinear); `nce`, if given, trains it
+    by noise-contrastive estimation instead of cross-entropy. Log-probabilities are always exact.
+    """
+
+    def __init__(self, hidden: int, vocab_size: int, proj: nn.Module | None = None, nce: NCE | None = None) -> None:
         super().__init__()
         self.hidden = hidden
         self.vocab_size = vocab_size
-        self.proj = nn.Linear(hidden, vocab_size)
+        self.proj = proj if proj is not None else nn.Linear(hidden, vocab_size)
+        self.nce = nce
+
+    def _logits(self, h: Tensor) -> Tensor:
+        logits = _upcast(self.proj(h))  # (N, V)
+        if self.nce is not None and not self.training:
+            self.nce.record(h, logits)  # the true log Z_h comes free with exact evaluation
+        return logits
 
     def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
-        logits = _upcast(self.proj(h))  # (N, V)
         # cross_entropy fuses log-softmax and the gather, which is faster than doing them separately
-        return -F.cross_entropy(logits, targets, reduction="none")  # (N,)
+        return -F.cross_entropy(self._logits(h), targets, reduction="none")  # (N,)
 
     def log_probs(self, h: Tensor) -> Tensor:
-        return F.log_softmax(_upcast(self.proj(h)), dim=-1)  # (N, V)
+        return F.log_softmax(self._logits(h), dim=-1)  # (N, V)
+
+    def loss(self, h: Tensor, targets: Tensor) -> Tensor:
+        if self.nce is not None:
+            return self.nce.loss(self.proj, h, targets)  # (N,)
+        return -self.target_log_probs(h, targets)
 
 
 def frequency_classes(counts: Sequence[int] | Tensor, num_classes: int) -> Tensor:
@@ -159,6 +187,9 @@ class ClassSoftmax(nn.Module):
         word_lp = word_lp_sorted.new_empty(n).scatter(0, order, word_lp_sorted)  # (N,)
         return class_lp + word_lp
 
+    def loss(self, h: Tensor, targets: Tensor) -> Tensor:
+        return -self.target_log_probs(h, targets)  # (N,)
+
     def log_probs(self, h: Tensor) -> Tensor:
         """Full distribution (N, V) in word-id order, exactly normalised (for generation and tests)."""
         n = h.shape[0]
@@ -174,3 +205,77 @@ class ClassSoftmax(nn.Module):
         lse = class_max + sum_exp.log()  # (N, C)
         row_lp = logits - lse[:, self.row_class] + class_lp[:, self.row_class]  # (N, V) in row order
         return row_lp[:, self.word_to_row]  # (N, V) in word-id order
+
+
+@dataclass
+class VocabLayerConfig:
+    """The vocabulary-sized layers of a neural family: how the output is trained, and sparse-code compression."""
+
+    objective: str = "softmax"  # softmax (exact cross-entropy) | nce (noise-contrastive estimation)
+    noise_samples: int = 100  # nce: noise words k drawn per target
+    noise_power: float = 1.0  # nce: noise distribution = unigram counts ** power, normalised (paper: 1)
+    noise_sharing: str = "batch"  # nce: batch (one draw of k words shared by the batch) | token (k per position)
+    normaliser: str = "one"  # nce: one (Z_h = 1) | regression (ZRegression, log Z_h = w_Z . h + b_Z)
+    codes: str = ""  # sparse codes file (seqlm sparse-codes): embedding U x, output weights D x, far fewer parameters
+    code_bias: bool = False  # with --codes: a free output bias per word instead of the compressed c^T x
+    code_base: int = 0  # set from --codes when the model is first built: base rows (not an option)
+    code_nonzeros: int = 0  # set from --codes when the model is first built: non-zero code entries (not an option)
+
+    def __post_init__(self) -> None:
+        choice("objective", self.objective, ("softmax", "nce"))
+        choice("noise_sharing", self.noise_sharing, ("batch", "token"))
+        choice("normaliser", self.normaliser, ("one", "regression"))
+        positive(self, "noise_samples", "noise_power")
+
+
+def _sparse_codes(cfg: VocabLayerConfig, vocab: Vocab) -> SparseCodes | None:
+    """The codes of the model's words: from the codes file for a new model, placeholders for a saved one
+    (its weights file holds the codes; loading fills them)."""
+    if not cfg.codes:
+        return None
+    if cfg.code_base:
+        return SparseCodes.empty(len(vocab), cfg.code_base, cfg.code_nonzeros)
+    indptr, index, value, num_base = codes_for_vocab(CodeBook.read(cfg.codes), vocab)
+    codes = SparseCodes(*(torch.from_numpy(a).to("cpu") for a in (indptr, index, value)), num_base)
+    if torch.empty(0).device.type != "meta":  # the real build (not a meta-device size check) fixes the shapes
+        cfg.code_base, cfg.code_nonzeros = num_base, len(index)
+    return codes
+
+
+def build_embedding(cfg: VocabLayerConfig, vocab: Vocab, dim: int) -> nn.Module:
+    """nn.Embedding, or with --codes the compressed CodedEmbedding (U x). Both map ids (...) -> (..., dim)."""
+    codes = _sparse_codes(cfg, vocab)
+    if codes is None:
+        emb = nn.Embedding(len(vocab), dim)
+        nn.init.uniform_(emb.weight, -0.1, 0.1)
+        return emb
+    return CodedEmbedding(codes, dim)
+
+
+def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn.Module | None = None,
+                 output: str = "full", classes: int = 0) -> nn.Module:
+    """The output layer a family's config asks for. With --codes the output shares `embedding`'s codes."""
+    if output == "class":
+        if cfg.objective != "softmax" or cfg.codes:
+            raise SeqlmError("--objective nce and --codes need the full output layer (--output full)")
+        counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu").clamp(min=1)
+        return ClassSoftmax(hidden, counts, min(classes, len(vocab)))
+    proj = None
+    if cfg.codes:
+        if not isinstance(embedding, CodedEmbedding):
+            raise SeqlmError("--codes: this family has no word embedding to share its codes with")
+        proj = CodedLinear(embedding.codes, hidden, cfg.code_bias)
+    nce = None
+    if cfg.objective == "nce":
+        counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu")
+        nce = NCE(hidden, counts, cfg.noise_samples, cfg.noise_power, cfg.noise_sharing, cfg.normaliser)
+    return FullSoftmax(hidden, len(vocab), proj, nce)
+
+
+def layer_stats(model: nn.Module) -> dict[str, float]:
+    """What the model's layers measured since the last call (NCE: log Z_h), for metrics.jsonl."""
+    out: dict[str, float] = {}
+    for m in model.modules():
+        if isinstance(m, NCE):
+            out.update(m.epoch_stats())
+    return out

@@ -1,0 +1,91 @@
+"""Noise-contrastive estimation for a full output layer, with Z_h = 1 or ZRegression
+(Gutmann & Hyvarinen 2012; Chen et al. 2016, sparse-word-representations.txt Sec. 3.4).
+
+The model's unnormalised score of word w after history h is s(w, h) = W_w . h + b_w, and
+
+    log P(w | h) = s(w, h) - log Z_h,   log Z_h = 0 (Z_h = 1)  or  w_Z . h + b_Z (ZRegression, eq. 11).
+
+NCE tells each target from k noise words drawn from P_n = unigram^power (normalised). With
+delta(w) = log P(w | h) - log(k P_n(w)) the loss of one position is (eq. 9)
+
+    -log sigmoid(delta(target)) - sum_{j=1..k} log sigmoid(-delta(noise_j)).
+
+Only the target's and the noise words' rows of W are touched: the cost per token is O((k + 1) H), not
+O(V H). Noise is drawn once per batch and shared by every position (`sharing="batch"`: one (N, H) x (H, k)
+matmul), or k words per position (`"token"`: (N, k, H) gathered rows, costlier; same estimator).
+Evaluation never uses this: the output layer normalises exactly (Sec. 3.4, "we explicitly normalize").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqlm.nn.sparse_code import linear_rows
+
+
+class NCE(nn.Module):
+    def __init__(self, hidden: int, counts: Tensor, k: int, power: float, sharing: str, normaliser: str):
+        super().__init__()
+        self.k, self.sharing = k, sharing
+        noise = counts.double().clamp(min=1) ** power  # words never seen still get a little noise mass
+        noise = (noise / noise.sum()).float()
+        self.register_buffer("noise", noise, persistent=False)  # (V,) from the vocabulary counts
+        self.register_buffer("log_k_noise", math.log(k) + noise.log(), persistent=False)  # (V,) log(k P_n(w))
+        self.zreg = nn.Linear(hidden, 1) if normaliser == "regression" else None  # log Z_h = w_Z . h + b_Z
+        if self.zreg is not None:
+            nn.init.zeros_(self.zreg.weight)
+            nn.init.zeros_(self.zreg.bias)
+        self._stats = torch.zeros(6, dtype=torch.float64)  # n, sum/sumsq of true log Z_h, of predicted, sq. error
+
+    def log_z(self, h: Tensor) -> Tensor:
+        """(N,) the normaliser the NCE model assumes: 0, or ZRegression's prediction."""
+        if self.zreg is None:
+            return h.new_zeros(h.shape[0], dtype=torch.float32)
+        return self.zreg(h).squeeze(-1).float()  # (N,)
+
+    def _noise_scores(self, proj: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Scores s(noise, h) (N, k) and log(k P_n(noise)) (N, k) of freshly drawn noise words."""
+        n = h.shape[0]
+        if self.sharing == "batch":
+            ids = torch.multinomial(self.noise, self.k, replacement=True)  # (k,) shared by all positions
+            w, b = linear_rows(proj, ids)  # (k, H), (k,)
+            return F.linear(h, w, b).float(), self.log_k_noise[ids].expand(n, -1)  # (N, k)
+        ids = torch.multinomial(self.noise, n * self.k, replacement=True)  # (N*k,)
+        w, b = linear_rows(proj, ids)  # (N*k, H), (N*k,)
+        s = torch.bmm(w.view(n, self.k, -1), h.unsqueeze(2)).squeeze(2) + b.view(n, self.k)  # (N, k)
+        return s.float(), self.log_k_noise[ids].view(n, self.k)
+
+    def loss(self, proj: nn.Module, h: Tensor, targets: Tensor) -> Tensor:
+        """(N,) the NCE loss of each position (eq. 9), for the output projection `proj`."""
+        w, b = linear_rows(proj, targets)  # (N, H), (N,)
+        s_target = ((h * w).sum(-1) + b).float()  # (N,)
+        s_noise, log_k_noise = self._noise_scores(proj, h)  # (N, k), (N, k)
+        log_z = self.log_z(h)  # (N,)
+        delta_target = s_target - log_z - self.log_k_noise[targets]  # (N,)
+        delta_noise = s_noise - log_z.unsqueeze(1) - log_k_noise  # (N, k)
+        return -(F.logsigmoid(delta_target) + F.logsigmoid(-delta_noise).sum(1))  # (N,)
+
+    @torch.no_grad()
+    def record(self, h: Tensor, logits: Tensor) -> None:
+        """Accumulate the true log Z_h (log-sum-exp of the scores) and the assumed one, at evaluation."""
+        true = torch.logsumexp(logits.float(), dim=-1).double()  # (N,)
+        pred = self.log_z(h).double()  # (N,)
+        self._stats += torch.stack([true.new_tensor(float(true.numel())), true.sum(), (true * true).sum(),
+                                    pred.sum(), (pred * pred).sum(), ((true - pred) ** 2).sum()]).cpu()
+
+    def epoch_stats(self) -> dict[str, float]:
+        """Mean and spread of log Z_h over the positions evaluated since the last call (then reset)."""
+        n, s, ss, p, pp, err = self._stats.tolist()
+        self._stats.zero_()
+        if n == 0:
+            return {}
+        mean, pmean = s / n, p / n
+        out = {"log_z_mean": mean, "log_z_std": math.sqrt(max(ss / n - mean * mean, 0.0))}
+        if self.zreg is not None:
+            out.update(log_z_pred_mean=pmean, log_z_pred_std=math.sqrt(max(pp / n - pmean * pmean, 0.0)),
+                       log_z_pred_rmse=math.sqrt(err / n))
+        return out
