@@ -10,7 +10,7 @@ import pytest
 
 from seqlm.cli import main
 
-from conftest import SEQ_KEY, SEQ_LEN, TINY, write_corpus
+from conftest import SEQ_KEY, SEQ_LEN, TINY, unigram_ppl, write_chain_corpus, write_corpus
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -21,9 +21,9 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One tiny FNN trained through the CLI, shared by the read-only tests below."""
+    """One tiny FNN trained through the CLI on a corpus with a bigram structure, shared by the tests below."""
     d = tmp_path_factory.mktemp("trained")
-    corpus = write_corpus(d / "corpus")
+    corpus = write_chain_corpus(d / "corpus")
     out = d / "model"
     code = main(["train", "--model", "fnn", "--data", str(corpus), "--out", str(out), "--max-epochs", "2",
                  SEQ_LEN, "20", *TINY])
@@ -31,12 +31,17 @@ def trained(tmp_path_factory):
     return corpus, out
 
 
-def test_train_writes_a_complete_model_dir(trained):
+def test_train_writes_a_complete_model_dir(trained, capsys):
     corpus, out = trained
     for name in ("config.json", "vocab.txt", "weights.safetensors", "metrics.jsonl", "results.json"):
         assert (out / name).is_file(), name
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2] and all(r["valid_ppl"] > 1 for r in rows)
+    uniform = len((out / "vocab.txt").read_text().splitlines())  # the perplexity of guessing
+    assert [r["epoch"] for r in rows] == [1, 2] and all(r["valid_ppl"] < uniform for r in rows)
+    # the structure is learnt: well below the add-one unigram perplexity computed by hand (about 12.8)
+    assert min(r["valid_ppl"] for r in rows) < 0.6 * unigram_ppl(corpus, "valid")
+    _, ev, _ = run(capsys, "eval", out, "--data", corpus, "--split", "valid")  # the saved model is the best epoch
+    assert json.loads(ev)["ppl"] == pytest.approx(min(r["valid_ppl"] for r in rows), rel=1e-6)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["family"] == "fnn" and cfg["model"]["hidden"] == 16 and cfg["model"]["train"]["max_epochs"] == 2
 
@@ -106,7 +111,10 @@ def test_train_defaults_and_yaml_config(tmp_path, capsys):
     code, stdout, _ = run(capsys, "train", "--data", corpus, "--out", tmp_path / "m", "--config", cfg,
                           "--threads", "1")
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
-    assert code == 0 and json.loads(stdout)["valid_ppl"] > 1
+    printed = json.loads(stdout)
+    _, ev, _ = run(capsys, "eval", tmp_path / "m", "--data", corpus, "--split", "valid")
+    assert code == 0 and printed["valid_ppl"] == pytest.approx(json.loads(ev)["ppl"], rel=1e-9)
+    assert printed["valid_ppl"] < 8  # 8 words in the vocabulary: better than guessing
     assert saved["model"]["hidden"] == 8 and saved["model"]["train"][SEQ_KEY] == 30 and saved["data"]["max_vocab"] == 8
     assert len((tmp_path / "m" / "vocab.txt").read_text().splitlines()) == 8
 
