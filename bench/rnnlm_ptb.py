@@ -8,6 +8,12 @@ again; each invocation merges its rows into bench/results/rnnlm_ptb.json ("finis
 schedule ran to its end). Every RNN row is evaluated both ways: `test_ppl` sentence by sentence (the
 seqlm protocol, comparable with KN and FOFE) and `test_ppl_stream` with the state carried across
 sentences (the rnnlm toolkit's default and the setting of the paper's figures).
+
+BPTT: rows record `bptt_method`. "per-position" (seqlm.models.rnn since commit 5823701): every
+position's error flows back through tau steps, across chunk edges too. Rows named `...-tau-chunked`
+(and every row without `bptt_method`'s "per-position") come from the earlier code, where --tau cut each
+20-step chunk into pieces of tau steps, so a position's error flowed back 1..tau steps; tau = 1 (rnn-bp)
+is plain back-propagation in both.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from seqlm.train.run import train_from_cli
 
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
+BPTT_METHOD = "per-position"  # see the module docstring
 PAPER_TEST_PPL = {"kn5": 141.2, "rnn-bptt": 124.7, "rnn+kn5": 105.7, "rnn-x4": 102.0}
 # faster-rnnlm (sigmoid RNN, H=200, hierarchical softmax, BPTT 32, 2 threads) on this machine, as given
 # in the issue that asked for this benchmark: 150k words/s, 12 epochs in 71 s, PTB test ppl 164.3.
@@ -75,13 +82,12 @@ def _eval_words_per_s(model, stream) -> float:
 
 def run_rnn(name: str, args: argparse.Namespace) -> dict:
     out = CHECKPOINTS / "rnnlm_ptb" / name
-    status = run_status(out)
-    resumed = status["epoch"] > 0
+    resumed = run_status(out)["started"]
     opts = RNN_ROWS[name] + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
-    result = train_from_cli("rnn", str(ptb_dir()), str(out), None, opts, resume=status["epoch"] > 0,
+    result = train_from_cli("rnn", str(ptb_dir()), str(out), None, opts, resume=resumed,
                             session_minutes=args.session_minutes)
     status = run_status(out)
-    hist = status["history"]
+    hist = [h for h in status["history"] if not h.get("partial")]  # complete epochs (a cut one is redone)
     model = seqlm.load(out)
     test = encode_file(ptb_dir() / "test.txt", model.vocab)
     valid = encode_file(ptb_dir() / "valid.txt", model.vocab)
@@ -102,7 +108,7 @@ def run_rnn(name: str, args: argparse.Namespace) -> dict:
                             "wall_time_ratio": train_seconds / FASTER_RNNLM["train_seconds"],
                             "wall_time_with_evals_ratio": (hist[-1]["wall_seconds"] if hist else 0.0)
                             / FASTER_RNNLM["train_seconds"]},
-        "threads": args.threads, "resumed": resumed,
+        "threads": args.threads, "resumed": resumed, "bptt_method": BPTT_METHOD,
     }
 
 
@@ -124,7 +130,8 @@ def run_mixture(name: str, args: argparse.Namespace) -> dict:
     mix = seqlm.load(out)
     test = encode_file(ptb_dir() / "test.txt", mix.vocab)
     valid = encode_file(ptb_dir() / "valid.txt", mix.vocab)
-    return {"name": name, "members": MIXTURES[name], "weights": json.loads((out / "config.json").read_text())["model"],
+    return {"name": name, "members": MIXTURES[name], "bptt_method": BPTT_METHOD,  # of the members trained here
+            "weights": json.loads((out / "config.json").read_text())["model"],
             "valid_ppl": evaluate(mix, valid)["ppl"], "test_ppl": evaluate(mix, test)["ppl"],
             "valid_ppl_stream": evaluate(mix, valid, stream_mode=True)["ppl"],
             "test_ppl_stream": evaluate(mix, test, stream_mode=True)["ppl"],
@@ -133,11 +140,15 @@ def run_mixture(name: str, args: argparse.Namespace) -> dict:
 
 
 def class_speedup(rows: dict) -> dict | None:
-    c, f = rows.get("rnn-bptt"), rows.get("rnn-bptt-full")
-    if not (c and f):
+    f = rows.get("rnn-bptt-full")
+    same = [r for r in (rows.get("rnn-bptt"), rows.get("rnn-bptt-tau-chunked"))  # trained by the same BPTT code
+            if r and f and r.get("bptt_method") == f.get("bptt_method")]
+    if not same:
         return None
+    c = same[0]
     k = min(len(c["valid_curve"]), len(f["valid_curve"]))
-    return {"train_words_per_s_class": c["train_tokens_per_s"], "train_words_per_s_full": f["train_tokens_per_s"],
+    return {"class_row": c["name"],
+            "train_words_per_s_class": c["train_tokens_per_s"], "train_words_per_s_full": f["train_tokens_per_s"],
             "train_speedup": c["train_tokens_per_s"] / f["train_tokens_per_s"],
             "eval_words_per_s_class": c["eval_tokens_per_s"], "eval_words_per_s_full": f["eval_tokens_per_s"],
             "eval_speedup": c["eval_tokens_per_s"] / f["eval_tokens_per_s"],
