@@ -172,6 +172,10 @@ def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
     """Rescore an n-best list with a model: new total scores per hypothesis and the 1-best per utterance."""
     from seqlm.eval.rescore import rescore_files
 
+    if args.lattice:  # lattices instead (seqlm.eval.lattice_rescore)
+        from seqlm.eval.lattice_rescore import rescore_from_args
+        return rescore_from_args(args)
+
     rescore_files(args.model_dir, args.nbest, args.tsv, args.acoustic, args.lm_scores, args.costs, args.lm_weight,
                   args.word_penalty, args.interpolate_old, args.out, args.best, oov_penalty=args.oov_penalty)
 
@@ -294,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="LM score = (1-W) new + W old (log-linear; needs the old LM scores)")
     rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total, oov (default stdout)")
     rs.add_argument("--best", help="write the best hypothesis of each utterance here (uttid word ...)")
+    from seqlm.eval.lattice_rescore import add_lattice_options
+    add_lattice_options(rs)  # --lattice FILE... and its options
     rs.set_defaults(func=cmd_rescore)
 
     cv = sub.add_parser("convert", help=cmd_convert.__doc__)

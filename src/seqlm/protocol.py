@@ -66,3 +66,13 @@ class StreamingModel(LanguageModel, Protocol):
     """
 
     def score_stream(self, batch: Batch, state: State | None) -> tuple[Tensor, State]: ...
+
+
+def context_order(model: LanguageModel) -> int | None:
+    """n when the model predicts from its last n-1 tokens only (a finite-context model), else None.
+
+    An optional attribute `context_order` (an n-gram model's order, an AFP-K model's K + 1): with it the
+    lattice rescorer (seqlm.lattice.expand) expands exactly, without asking which family a model is.
+    Models without it are treated as having unbounded histories.
+    """
+    return getattr(model, "context_order", None)
