@@ -75,3 +75,28 @@ def load_vectors(path: str | Path) -> tuple[list[str], np.ndarray]:
     if len(kv) == 0:
         raise SeqlmError(f"{path}: no vectors in the file")
     return list(kv.index_to_key), np.asarray(kv.vectors, dtype=np.float32)
+
+
+def embed_from_cli(args) -> dict:
+    """`seqlm embed CORPUS --out FILE`: CORPUS is a text file or a corpus (name or directory: its train split)."""
+    path = Path(args.corpus)
+    if not path.is_file():
+        from seqlm.data.datasets import resolve_corpus, split_path
+
+        path = split_path(resolve_corpus(args.corpus), "train")
+    opt = EmbedOptions(dim=args.dim, window=args.window, negative=args.negative, min_count=args.min_count,
+                       epochs=args.epochs, threads=args.threads, seed=args.seed)
+    return train_embeddings(path, Path(args.out), opt)
+
+
+def add_embed_options(p) -> None:
+    d = EmbedOptions()
+    p.add_argument("corpus", help="tokenised text file (.gz ok), or a corpus name/directory (its train split)")
+    p.add_argument("--out", required=True, help="word2vec text file to write")
+    p.add_argument("--dim", type=int, default=d.dim, help="vector size")
+    p.add_argument("--window", type=int, default=d.window, help="context words on each side")
+    p.add_argument("--negative", type=int, default=d.negative, help="negative samples per pair")
+    p.add_argument("--min-count", type=int, default=d.min_count, help="skip words seen fewer times")
+    p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the text")
+    p.add_argument("--threads", type=int, default=d.threads, help="gensim worker threads")
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed")

@@ -155,3 +155,30 @@ def summary_lines(report: dict) -> str:
 
 
 __all__ = ["CodeOptions", "solve_codes", "sparse_codes", "summary_lines"]
+
+
+def codes_from_cli(args) -> str:
+    """`seqlm sparse-codes VECTORS --base B --out CODES`: solve, write, and return the printed summary."""
+    opt = CodeOptions(base=args.base, w_alpha=args.w_alpha, w_beta=args.w_beta, steps=args.steps, lr=args.lr,
+                      threshold=args.threshold, candidates=args.candidates, chunk=args.chunk, seed=args.seed,
+                      threads=args.threads)
+    show = [w for w in (args.show or "").split(",") if w]
+    return summary_lines(sparse_codes(Path(args.vectors), Path(args.out), opt, show))
+
+
+def add_codes_options(p) -> None:
+    d = CodeOptions()
+    p.add_argument("vectors", help="word2vec text or binary file, most frequent word first (seqlm embed)")
+    p.add_argument("--out", required=True, help="codes file to write (and OUT.report.json)")
+    p.add_argument("--base", type=int, default=d.base, help="base words: the first B words of the file")
+    p.add_argument("--w-alpha", type=float, default=d.w_alpha, help="l1 term's share of the fitting loss")
+    p.add_argument("--w-beta", type=float, default=d.w_beta, help="sum-to-one term's share of the fitting loss")
+    p.add_argument("--steps", type=int, default=d.steps, help="Adam steps")
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
+    p.add_argument("--threshold", type=float, default=d.threshold, help="zero entries below this x max(x)")
+    p.add_argument("--candidates", type=int, default=d.candidates,
+                   help="base words considered per word (most cosine-similar); 0 = all")
+    p.add_argument("--chunk", type=int, default=d.chunk, help="words optimised together")
+    p.add_argument("--show", help="comma-separated words whose codes the report shows")
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = default)")

@@ -279,3 +279,16 @@ def layer_stats(model: nn.Module) -> dict[str, float]:
         if isinstance(m, NCE):
             out.update(m.epoch_stats())
     return out
+
+
+def parameters_by_layer(model: object) -> dict[str, int]:
+    """Trainable parameters per top-level layer (shared ones counted once, where first met), and the
+    embedding + output total the sparse-code compression is about."""
+    if not isinstance(model, nn.Module):
+        return {}
+    out: dict[str, int] = {}
+    for name, p in model.named_parameters():  # named_parameters yields a shared tensor once
+        top = name.split(".")[0]
+        out[top] = out.get(top, 0) + p.numel()
+    out["embedding+output"] = out.get("embedding", 0) + out.get("out", 0)
+    return out

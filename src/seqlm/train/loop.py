@@ -36,6 +36,7 @@ from seqlm.config import TrainConfig
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import evaluate
+from seqlm.nn.softmax import layer_stats
 from seqlm.protocol import Batch
 from seqlm.train import distributed as dist
 from seqlm.train.optim import build_optimizer, build_schedule, set_lr
@@ -302,6 +303,7 @@ def _end_epoch(run: Run, sched: Schedule, pos: Position, complete: bool, total: 
            "wall_seconds": time.time() - t_start, "lr_halved": halved, "precision": run.cfg.precision}
     if not complete:
         row.update(partial=True, batches=pos.batch, of=total)
+    row.update(layer_stats(run.model))  # what output layers measured during validation (NCE: log Z_h)
     ctx.log(f"epoch {pos.epoch}{' (cut short: partial)' if not complete else ''}: lr {lr_used:g}  "
             f"train ppl {prog.ppl:.2f}  valid ppl {valid_ppl:.2f}  "
             f"({row['train_tokens_per_s']:.0f} tok/s{', lr halved' if halved else ''})")
