@@ -70,14 +70,15 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
 
 def _config_help(name: str | None) -> str:
     """Every `--key value` option of a family, with its default: the fields of its config dataclasses."""
-    from seqlm.config import DataConfig, flat_fields
+    from seqlm.config import DataConfig, field_help, flat_fields
     from seqlm.registry import DEFAULT_FAMILY, family
 
     name = name or DEFAULT_FAMILY
-    lines = [f"options of `seqlm train --model {name}` (defaults from its config dataclass):"]
+    lines = [f"options of `seqlm train --model {name}`: --key value, the default, what it does"]
     for cfg in (family(name).config(), DataConfig()):
         for key, (owner, _field) in flat_fields(cfg).items():
-            lines.append(f"  --{key.replace('_', '-'):<20} {getattr(owner, key)!r:<14} ({type(owner).__name__})")
+            doc = field_help(type(owner)).get(key, "")
+            lines.append(f"  --{key.replace('_', '-'):<20} {getattr(owner, key)!r:<10} {doc}")
     return "\n".join(lines)
 
 

@@ -8,6 +8,11 @@ becomes ids. All three are saved in `config.json` with every checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import io
+import re
+import textwrap
+import tokenize
 import types
 import typing
 from dataclasses import InitVar, dataclass, field, fields
@@ -66,7 +71,7 @@ class DataConfig:
     """How text becomes token ids; the vocabulary comes from the training split only."""
 
     max_vocab: int | None = None  # None = keep every word seen min_count times
-    min_count: int = 1
+    min_count: int = 1  # words seen fewer times in the training text become <unk>
     raw: bool = False  # untokenised text: see seqlm.data.corpus.tokenize_raw
     unit: str = "word"  # word | char: characters, with `_` between words (character-level PTB)
 
@@ -207,6 +212,33 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         else:
             flat[k] = v
     return flat
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Each field's one-line description, read from the dataclass source: the comment on the field's
+    line, else the comment lines just above it. The comments are the one place options are explained."""
+    names = {f.name for f in fields(cls)}
+    out: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # no source (e.g. a frozen application): no descriptions
+            continue
+        comments: dict[int, tuple[str, bool]] = {}  # line -> (text, whether code precedes it)
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = (tok.string.lstrip("#").strip(), bool(tok.line[: tok.start[1]].strip()))
+        above: list[str] = []
+        for i, line in enumerate(source.splitlines(), start=1):
+            text, trailing = comments.get(i, ("", False))
+            if text and not trailing:
+                above.append(text)
+                continue
+            m = re.match(r"\s+(\w+)\s*:", line)
+            if m and m.group(1) in names:
+                out[m.group(1)] = text or " ".join(above)
+            above = []
+    return out
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -43,14 +43,14 @@ def _rnnlm_training() -> TrainConfig:
 
 @dataclass
 class RNNConfig:
-    hidden: int = 200
+    hidden: int = 200  # size H of the recurrent state s(t)
     embed: int = 0  # 0: the embedding is the input weight matrix itself (the paper's U), size hidden
-    activation: str = "sigmoid"  # sigmoid (paper) | tanh
-    output: str = "class"  # class | full
-    classes: int = 0  # 0: round(sqrt(V))
+    activation: str = "sigmoid"  # of the recurrent layer: sigmoid (the paper) | tanh
+    output: str = "class"  # class: class-factorised softmax (the paper's speed-up) | full softmax
+    classes: int = 0  # word classes of the class output, by frequency; 0 = round(sqrt(V))
     dropout: float = 0.0  # on the input embedding and the output layer's input; 0 = the paper's model
     tau: int = 5  # BPTT(tau): every position's error flows back through tau steps (1 = plain back-propagation)
-    sentence_independent: bool = False  # reset the state at every sentence (train and eval)
+    sentence_independent: bool = False  # restart the state at every sentence, in training and scoring (rescoring)
     train: TrainConfig = field(default_factory=_rnnlm_training)
 
     def __post_init__(self) -> None:
