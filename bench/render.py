@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from common import RESULTS
+from common import ROOT as REPO
 
 ROOT = RESULTS.parent
 COLUMNS = ["name", "order", "alpha", "epsilon", "colliding", "sequences", "prefixes", "valid_ppl", "test_ppl",
@@ -25,6 +30,28 @@ def table(doc: dict) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in doc["rows"]]
     return "\n".join(lines)
+
+
+def _code(text) -> str:
+    return f"`{str(text).replace('|', '/')}`" if text else ""
+
+
+def provenance(doc: dict) -> str:
+    """Each row's own command and revision (the run that started it; `runs` when it was resumed)."""
+    lines = ["| row | command | git_rev | dirty | started | ended | threads | runs |", "|" + "---|" * 8]
+    notes = []
+    for r in doc["rows"]:
+        runs = r.get("runs") or []
+        revs = ", ".join(dict.fromkeys(x.get("git_rev", "?") for x in runs)) if len(runs) > 1 else ""
+        lines.append(f"| {r['name']} | {_code(r.get('command'))} | {_code(r.get('git_rev', 'unrecorded'))} | "
+                     f"{_fmt(r.get('dirty'))} | {_fmt(r.get('started'))} | {_fmt(r.get('ended'))} | "
+                     f"{_fmt(r.get('threads'))} | {len(runs) or ''}{f' ({revs})' if revs else ''} |")
+        if r.get("provenance_note"):
+            notes.append(f"- {r['name']}: {r['provenance_note']}")
+        audit = r.get("provenance_audit", "no contradiction")
+        if not audit.startswith("no contradiction"):
+            notes.append(f"- {r['name']}: **cannot have been produced at its recorded revision**: {audit}")
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def plot_curves(doc: dict, path: Path) -> bool:
@@ -49,16 +76,119 @@ def plot_curves(doc: dict, path: Path) -> bool:
     return True
 
 
+# ---- provenance audit of rows written before per-row provenance (python bench/render.py --backfill) ----------
+
+PROVENANCE = ("command", "git_rev", "dirty", "started", "ended", "runs", "threads", "provenance_note",
+              "recorded_in_file_header", "provenance_audit")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def _content(row: dict) -> str:
+    return json.dumps({k: v for k, v in row.items() if k not in PROVENANCE}, sort_keys=True)
+
+
+def file_writers(path: Path) -> dict[str, dict]:
+    """Row name -> the file header (command, git_rev, date) of the committed version where the row last changed,
+    with that commit: what the file recorded when the row's current figures were written."""
+    rel = f"bench/results/{path.name}"  # the history of the file in the repository
+    commits = _git("log", "--reverse", "--format=%h", "--", rel).stdout.split()
+    seen: dict[str, str] = {}
+    out: dict[str, dict] = {}
+    for c in commits:
+        doc = json.loads(_git("show", f"{c}:{rel}").stdout or "{}")
+        header = {"command": doc.get("command"), "git_rev": doc.get("git_rev"), "date": doc.get("date")}
+        for r in doc.get("rows", []):
+            changed = seen.get(r["name"]) != _content(r)
+            rerun = _names_row(header["command"], r["name"]) and {**out.get(r["name"], {}), **header} != out.get(
+                r["name"])  # a new invocation that ran this row again (with the same figures)
+            if changed or rerun:
+                seen[r["name"]] = _content(r)
+                out[r["name"]] = {**header, "results_commit": c}
+    return out
+
+
+def _keys(config: dict) -> set[str]:
+    return {k for k, v in config.items() for k in ([k] + sorted(_keys(v)) if isinstance(v, dict) else [k])}
+
+
+def cannot_have_produced(row: dict, rev: str, script: str) -> list[str]:
+    """Why revision `rev` cannot have produced `row` (empty: no contradiction found)."""
+    rev = rev.removesuffix("-dirty")
+    if _git("cat-file", "-e", f"{rev}^{{commit}}").returncode:
+        return [f"revision {rev} is not in this repository"]
+    why = []
+    if _git("cat-file", "-e", f"{rev}:bench/{script}.py").returncode:
+        why.append(f"bench/{script}.py does not exist at {rev}")
+    for fam in ("fofe", "fnn", "rnn"):
+        if fam in row["name"] and _git("grep", "-q", f'"{fam}"', rev, "--", "src/seqlm").returncode:
+            why.append(f"family {fam} is not registered at {rev}")
+    missing = [k for k in sorted(_keys(row.get("config") or {}))
+               if _git("grep", "-q", "-w", k, rev, "--", "src/seqlm").returncode]
+    if missing:
+        why.append(f"its config has {', '.join(missing)}, which {rev} does not know")
+    return why
+
+
+def _names_row(command: str | None, name: str) -> bool:
+    """Whether `command` ran row `name`: it names it in --rows, or it has no --rows (it writes every row)."""
+    words = (command or "").split()
+    return "--rows" not in words or name in words[words.index("--rows") + 1].split(",")
+
+
+def _legacy(r: dict, w: dict) -> None:
+    """What is truthfully known of a row written before per-row provenance: never a revision as its own."""
+    own = _names_row(w["command"], r["name"])
+    r.update({"git_rev": "unrecorded", "recorded_in_file_header": w,
+              "provenance_note": "written before rows carried their own provenance: the file header saved with "
+              f"these figures (results commit {w['results_commit']}) names `{w['command']}` at {w['git_rev']}, "
+              "a revision taken when the file was written, without a dirty flag"
+              + ("" if own else "; that command does not run this row, so another invocation wrote it")})
+    r.setdefault("command", w["command"] if own else None)
+
+
+def backfill(path: Path) -> list[tuple[str, str]]:
+    """Give every legacy row of `path` what is known of its provenance, audit every row; return the audit lines."""
+    with open(RESULTS / f".{path.stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # benchmarks merge rows into the same file
+        doc = json.loads(path.read_text())
+        writers, lines = file_writers(path), []
+        for r in doc["rows"]:
+            if "runs" not in r and "recorded_in_file_header" not in r:
+                _legacy(r, writers.get(r["name"], {"command": doc.get("command"), "git_rev": doc.get("git_rev"),
+                                                   "date": doc.get("date"), "results_commit": "uncommitted"}))
+            rev = r["git_rev"] if "runs" in r else r["recorded_in_file_header"]["git_rev"]
+            why = cannot_have_produced(r, str(rev), doc["bench"]) if rev else []
+            r["provenance_audit"] = "; ".join(why) if why else f"no contradiction found at {rev}"
+            lines += [(r["name"], f"{rev}: {x}") for x in why]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, path)
+    return lines
+
+
 def main() -> None:
+    if "--backfill" in sys.argv[1:]:
+        for path in sorted(RESULTS.glob("*.json")):
+            grouped: dict[str, list[str]] = {}
+            for name, why in backfill(path):
+                grouped.setdefault(why, []).append(name)
+            for why, names in grouped.items():
+                shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+                print(f"{path.stem}: {len(names)} rows ({shown}): cannot have been produced at {why}")
     parts = ["# Benchmark results", "",
-             "Generated by `python bench/render.py` from `bench/results/*.json`; each JSON names the command,",
-             "git revision and machine of its run. Rows with `finished: False` stopped before their schedule",
-             "ended (they resume from their checkpoints when the script runs again).", ""]
+             "Generated by `python bench/render.py` from `bench/results/*.json`. Every row carries its own",
+             "provenance: the command and git revision of the run that started it (with a dirty flag for the",
+             "whole tree), its start and end, threads, and every invocation (`runs`) when it was resumed. Rows",
+             "from before per-row provenance say `unrecorded` and why (`provenance_note`). Rows with",
+             "`finished: False` stopped before their schedule ended (they resume from their checkpoints).", ""]
     for path in sorted(RESULTS.glob("*.json")):
         doc = json.loads(path.read_text())
-        parts += [f"## {doc['bench']}", "", f"`{doc['command']}` at `{doc['git_rev']}`, {doc['date']}, "
-                  f"{doc['machine'].get('cpu')} ({doc['machine'].get('threads')} threads, torch "
-                  f"{doc['machine'].get('torch')})", "", table(doc), ""]
+        parts += [f"## {doc['bench']}", "", f"Last written by `{doc['command']}` at `{doc['git_rev']}`, "
+                  f"{doc['date']}, {doc['machine'].get('cpu')} (torch {doc['machine'].get('torch')}).", "",
+                  table(doc), "", "Provenance of each row:", "", provenance(doc), ""]
         for key in ("class_speedup", "simulation", "summary", "schedule"):
             if key in doc:
                 parts += [f"`{key}`: `{json.dumps(doc[key])}`", ""]
