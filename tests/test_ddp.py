@@ -3,7 +3,8 @@
 - 2 ranks x batch B take exactly the gradient step of 1 process x batch 2B, for every neural family;
 - only rank 0 writes files; the ranks stay in step when one has an extra batch or a NaN loss;
 - `seqlm train --nproc 2` and `torchrun -m seqlm train` work end to end, and --resume under DDP ends
-  where an uninterrupted DDP run ends.
+  where an uninterrupted DDP run ends;
+- the learning-rate schedule is decided on rank 0 (its validation perplexity, broadcast).
 Every worker must also exit with status 0: the gloo teardown trap (see seqlm.train.distributed) shows
 up as a worker aborting after its work is done.
 """
@@ -34,7 +35,7 @@ B = 2  # rows per rank
 
 
 def _config(name: str, rows: int):
-    train = TrainConfig(batch_size=rows, bptt=12, threads=1, max_epochs=2, lr=0.2)
+    train = TrainConfig(batch_size=rows, seq_len=12, threads=1, max_epochs=2, lr=0.2)
     if name == "rnn":
         return RNNConfig(hidden=16, embed=8, train=train)
     return (FNNConfig if name == "fnn" else FOFEConfig)(hidden=16, embed=8, train=train)
@@ -120,13 +121,21 @@ def _worker(rank: int, world: int, port: int, corpus: str, out: str) -> None:
         return loop.fit(model, step, uneven, train, valid, cfg.train, run_dir, save_best, resume), model
 
     history, model = run(out_dir / "whole", 2)
-    report.update(writes=writes, epochs=[h["epoch"] for h in history], lrs=[h["lr"] for h in history],
+    report.update(epochs=[h["epoch"] for h in history], lrs=[h["lr"] for h in history],
                   valid=[h["valid_ppl"] for h in history],
                   weights=[p.detach().double().sum().item() for p in model.parameters()])
     run(out_dir / "split", 1)
     history, model = run(out_dir / "split", 2, resume=True)
     report.update(resumed_valid=[h["valid_ppl"] for h in history],
-                  resumed_weights=[p.detach().double().sum().item() for p in model.parameters()])
+                  resumed_weights=[p.detach().double().sum().item() for p in model.parameters()],
+                  writes=list(writes))
+
+    # 3. The schedule decision (halve, stop) is rank 0's: rank 1's own validation, made to disagree, is unused.
+    if rank == 1:
+        loop.evaluate = lambda *args, **kwargs: {"ppl": 1e6}
+    history, model = run(out_dir / "decide", 4)
+    report.update(decide=[(h["lr"], h["valid_ppl"], h["lr_halved"]) for h in history],
+                  decide_weights=[p.detach().double().sum().item() for p in model.parameters()])
     (out_dir / f"report{rank}.json").write_text(json.dumps(report))
     # The teardown order that keeps gloo from aborting at exit (see seqlm.train.distributed.Context.finish)
     del model
@@ -164,6 +173,9 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(tmp_path):
     # --resume under DDP ends exactly where the uninterrupted DDP run ends.
     assert r0["resumed_valid"] == r0["valid"] and r0["resumed_weights"] == r0["weights"]
     assert r1["resumed_weights"] == r1["weights"]
+    # One schedule for all ranks: rank 0's validation perplexity decided it on both.
+    assert r0["decide"] == r1["decide"] and r0["decide_weights"] == r1["decide_weights"]
+    assert all(valid != 1e6 for _, valid, _ in r1["decide"]) and any(h for *_, h in r0["decide"])
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -174,7 +186,7 @@ def test_cli_nproc_then_torchrun_resume(tmp_path):
     """`seqlm train --nproc 2` for one epoch, then `torchrun ... -m seqlm train --resume` for the second."""
     corpus = write_corpus(tmp_path / "corpus", n_train=120, n_eval=10)
     out = tmp_path / "model"
-    args = ["--model", "fofe", "--data", corpus, "--out", out, "--bptt", "12", "--batch-size", "2", *TINY]
+    args = ["--model", "fofe", "--data", corpus, "--out", out, "--seq-len", "12", "--batch-size", "2", *TINY]
     first = seqlm_cli("train", *args, "--max-epochs", "1", "--nproc", "2")
     assert first.returncode == 0, first.stderr
     assert len(first.stdout.strip().splitlines()) == 1  # one result line, not one per rank
