@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio, odd
+SMALL = 64  # below this many queries a plain loop beats the vectorised probe (one sentence, one decoder step)
 
 
 def table_bits(num_keys: int) -> int:
@@ -50,6 +51,8 @@ def build_slots(keys: np.ndarray) -> np.ndarray:
 def lookup(slots: np.ndarray, keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     """Id of each query key (any shape, int64) among `keys`, -1 where absent. Negative queries give -1."""
     flat = query.reshape(-1)  # (Q,)
+    if len(flat) <= SMALL and len(keys):
+        return np.array(_lookup_each(slots, keys, flat.tolist()), dtype=np.int64).reshape(query.shape)
     out = np.full(len(flat), -1, dtype=np.int64)
     if len(keys) == 0:
         return out.reshape(query.shape)
@@ -64,3 +67,19 @@ def lookup(slots: np.ndarray, keys: np.ndarray, query: np.ndarray) -> np.ndarray
         more = full & ~found  # an occupied slot holding another key: try the next one
         todo, pos = todo[more], pos[more] + 1
     return out.reshape(query.shape)
+
+
+def _lookup_each(slots: np.ndarray, keys: np.ndarray, queries: list[int]) -> list[int]:
+    """`lookup` one query at a time, in Python integers: the same probe sequence."""
+    shift, fib, out = 64 - table_bits(len(keys)), int(FIB), []
+    for q in queries:
+        pos = ((q * fib) & 0xFFFFFFFFFFFFFFFF) >> shift if q >= 0 else -1
+        found = -1
+        while pos >= 0:
+            i = int(slots[pos])
+            if i < 0 or int(keys[i]) == q:
+                found = i
+                break
+            pos += 1
+        out.append(found)
+    return out
