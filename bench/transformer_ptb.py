@@ -1,0 +1,108 @@
+"""The Transformer LM alone on PTB (issue 12): word-level test perplexity in sentence and stream mode,
+character-level bits per character, wall time, and training speed as a fraction of the bf16 matmul ceiling
+measured by this script at the model's own matmul shapes.
+
+    python bench/transformer_ptb.py --rows transformer-ptb --threads 1
+    python bench/transformer_ptb.py --rows transformer-ptb-char --threads 1
+
+Shortened recipes (this CPU, one thread): each row trains for a fixed number of minutes (RECIPES), not to
+convergence; the row states its recipe. A row resumes from its checkpoint in bench/checkpoints/ when run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+
+from seqlm.data.corpus import encode_file
+from seqlm.data.datasets import split_path
+from seqlm.eval.perplexity import char_rates, evaluate
+from seqlm.train.loop import run_status
+from seqlm.train.run import train_from_cli
+
+from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir, row_parser
+
+# Model flags after the family defaults (4 x 256, filter 1024, 4 heads, dropout 0.1, tied embeddings).
+RECIPES = {
+    "transformer-ptb": ["--context", "128", "--bptt", "128", "--batch-size", "32", "--optimizer", "adam",
+                        "--lr", "0.001", "--max-epochs", "3", "--max-minutes", "17"],
+    "transformer-ptb-char": ["--unit", "char", "--context", "256", "--bptt", "256", "--batch-size", "16",
+                             "--optimizer", "adam", "--lr", "0.001", "--max-epochs", "1", "--max-minutes", "5"],
+}
+
+
+def flops_per_token(cfg: dict, vocab: int) -> tuple[float, list[tuple[int, int, int]]]:
+    """Training FLOPs per token (6 per multiply-add: forward 2, backward 4) and the matmul shapes of a batch.
+
+    Attention scores and their weighted sum cost 2 x (context / 2) x d multiply-adds a token on average
+    (causal: a token sees half the window on average)."""
+    d, ff, L, W = cfg["d_model"], cfg["d_ff"], cfg["layers"], cfg["context"]
+    macs = L * (4 * d * d + 2 * d * ff + 2 * (W // 2) * d) + d * vocab
+    rows = cfg["train"]["batch_size"] * W
+    shapes = [(rows, d, 3 * d), (rows, d, d), (rows, d, ff), (rows, ff, d), (rows, d, vocab)]
+    return 6.0 * macs, shapes
+
+
+def run_row(name: str, args: argparse.Namespace) -> dict:
+    out = CHECKPOINTS / "transformer_ptb" / name
+    status = run_status(out)
+    resumed = status["epoch"] > 0
+    recipe = list(RECIPES[name])
+    if args.minutes:
+        recipe[recipe.index("--max-minutes") + 1] = str(args.minutes)
+    flags = recipe + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
+    t0 = time.time()
+    result = train_from_cli("transformer", str(ptb_dir()), str(out), None, flags, resume=resumed)
+    wall = time.time() - t0
+    import seqlm
+
+    model = seqlm.load(out)
+    unit = model.data_config.unit
+    test = encode_file(split_path(ptb_dir(), "test"), model.vocab, unit=unit)
+    total = -math.log(result["test_ppl"]) * result["test_tokens"]  # the sentence-mode test run of train_from_cli
+    # stream mode for word rows only: on characters it would cost two more passes of the test set (minutes)
+    stream = evaluate(model, test, stream_mode=True) if unit == "word" else {"ppl": None}
+    hist = run_status(out)["history"]
+    info = json.loads((out / "config.json").read_text())["model"]
+    fpt, shapes = flops_per_token(info, len(model.vocab))
+    ceiling = matmul_gflops(shapes, torch.bfloat16 if args.precision == "bf16" else torch.float32)
+    train_seconds = sum(h["epoch_seconds"] for h in hist)
+    tok_s = sum(h["train_tokens"] for h in hist) / max(train_seconds, 1e-9)
+    row = {
+        "name": name, "unit": unit, "recipe": " ".join(recipe), "valid_ppl": result["valid_ppl"],
+        "test_ppl": result["test_ppl"], "test_ppl_stream": stream["ppl"], "epochs_run": len(hist),
+        "valid_curve": [h["valid_ppl"] for h in hist], "train_minutes": train_seconds / 60,
+        "wall_minutes": wall / 60, "params": sum(p.numel() for p in model.parameters()),
+        "precision": args.precision, "train_tokens_per_s": tok_s, "flops_per_token": fpt,
+        "train_gflops": fpt * tok_s / 1e9, "matmul_ceiling_gflops": ceiling,
+        "fraction_of_ceiling": fpt * tok_s / 1e9 / ceiling, "config": info, "threads": args.threads,
+        "resumed": resumed,
+    }
+    if unit == "char":
+        rates = char_rates(test, model.vocab, total)
+        row.update({"test_bpc": rates["bpc"], "test_word_ppl": rates["word_ppl"],
+                    "test_bits_per_word": rates["bits_per_word"]})
+    return row
+
+
+def main() -> None:
+    p = row_parser(__doc__, "transformer-ptb,transformer-ptb-char", "bf16")
+    p.add_argument("--minutes", type=float, default=0.0, help="replace the recipe's --max-minutes (stated in the row)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    for name in args.rows.split(","):
+        if name not in RECIPES:
+            sys.exit(f"unknown row {name}; choose from {', '.join(RECIPES)}")
+        row = run_row(name, args)
+        merge_rows("transformer_ptb", [row])
+        merge_rows("dae", [row])  # the issue's table reads these two rows next to the autoencoder rows
+        print(json.dumps({k: row[k] for k in row if k not in ("config", "valid_curve")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
