@@ -102,8 +102,9 @@ def file_writers(path: Path) -> dict[str, dict]:
         header = {"command": doc.get("command"), "git_rev": doc.get("git_rev"), "date": doc.get("date")}
         for r in doc.get("rows", []):
             changed = seen.get(r["name"]) != _content(r)
-            rerun = _names_row(header["command"], r["name"]) and {**out.get(r["name"], {}), **header} != out.get(
-                r["name"])  # a new invocation that ran this row again (with the same figures)
+            previous = out.get(r["name"], {})
+            # a new invocation that named this row in --rows and reproduced its figures
+            rerun = _names_row(header["command"], r["name"]) is True and {**previous, **header} != previous
             if changed or rerun:
                 seen[r["name"]] = _content(r)
                 out[r["name"]] = {**header, "results_commit": c}
@@ -132,21 +133,25 @@ def cannot_have_produced(row: dict, rev: str, script: str) -> list[str]:
     return why
 
 
-def _names_row(command: str | None, name: str) -> bool:
-    """Whether `command` ran row `name`: it names it in --rows, or it has no --rows (it writes every row)."""
+def _names_row(command: str | None, name: str) -> bool | None:
+    """Whether `command` ran row `name` by its --rows list; None when it has no --rows (not recorded)."""
     words = (command or "").split()
-    return "--rows" not in words or name in words[words.index("--rows") + 1].split(",")
+    return name in words[words.index("--rows") + 1].split(",") if "--rows" in words else None
 
 
-def _legacy(r: dict, w: dict) -> None:
+def _legacy(r: dict, w: dict, bench: str) -> None:
     """What is truthfully known of a row written before per-row provenance: never a revision as its own."""
     own = _names_row(w["command"], r["name"])
-    r.update({"git_rev": "unrecorded", "recorded_in_file_header": w,
-              "provenance_note": "written before rows carried their own provenance: the file header saved with "
-              f"these figures (results commit {w['results_commit']}) names `{w['command']}` at {w['git_rev']}, "
-              "a revision taken when the file was written, without a dirty flag"
-              + ("" if own else "; that command does not run this row, so another invocation wrote it")})
-    r.setdefault("command", w["command"] if own else None)
+    note = ("written before rows carried their own provenance: the file header saved with these figures "
+            f"(results commit {w['results_commit']}) names `{w['command']}` at {w['git_rev']}, a revision taken "
+            "when the file was written, without a dirty flag")
+    if own is False:  # another invocation wrote it: give the documented command for the row
+        r["command"] = f"python bench/{bench}.py --rows {r.get('renamed_from', r['name'])} --threads 1"
+        note += "; that command does not run this row, so `command` is the documented one for it (README)"
+    else:
+        r["command"] = w["command"]
+        note += "" if own else "; whether that invocation computed this row is not recorded"
+    r.update({"git_rev": "unrecorded", "recorded_in_file_header": w, "provenance_note": note})
 
 
 def backfill(path: Path) -> list[tuple[str, str]]:
@@ -156,9 +161,10 @@ def backfill(path: Path) -> list[tuple[str, str]]:
         doc = json.loads(path.read_text())
         writers, lines = file_writers(path), []
         for r in doc["rows"]:
-            if "runs" not in r and "recorded_in_file_header" not in r:
+            if "runs" not in r:
                 _legacy(r, writers.get(r["name"], {"command": doc.get("command"), "git_rev": doc.get("git_rev"),
-                                                   "date": doc.get("date"), "results_commit": "uncommitted"}))
+                                                   "date": doc.get("date"), "results_commit": "uncommitted"}),
+                        doc["bench"])
             rev = r["git_rev"] if "runs" in r else r["recorded_in_file_header"]["git_rev"]
             why = cannot_have_produced(r, str(rev), doc["bench"]) if rev else []
             r["provenance_audit"] = "; ".join(why) if why else f"no contradiction found at {rev}"
