@@ -41,7 +41,9 @@ class State:
 
 @dataclass
 class CorpusScores:
-    """Per token of a scored corpus (</s> included), in order: log10 p, matched length, OOV flag."""
+    """Per token of a scored corpus (</s> included), in order: log10 p, matched length, OOV flag.
+
+    OOV means "scored as <unk>", a literal <unk> included, as KenLM counts it."""
 
     log10_prob: np.ndarray  # (N,) float64
     length: np.ndarray  # (N,) int64
@@ -86,7 +88,7 @@ class NgramModel:
         """(log10 p, length of the n-gram matched, is OOV) for each word, then </s> when eos."""
         words = sentence.split() if isinstance(sentence, str) else list(sentence)
         ids = np.array(self.vocab.encode(words) + ([self.vocab.eos_id] if eos else []), dtype=np.int64)
-        oov = [w not in self.vocab.stoi for w in words] + ([False] if eos else [])
+        oov = (ids == self.vocab.unk_id).tolist()  # as KenLM: whatever maps to <unk>, a literal <unk> too
         logp, length = self._score_ids(ids, bos)
         return zip(logp.tolist(), length.tolist(), oov, strict=True)
 
@@ -159,15 +161,14 @@ class NgramModel:
 
     def _encode(self, sentences: Iterable[str | list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ids: list[int] = []
-        oov: list[bool] = []
         starts = [0]
         stoi, unk, eos = self.vocab.stoi, self.vocab.unk_id, self.vocab.eos_id
         for s in sentences:
             words = s.split() if isinstance(s, str) else s
             ids += [stoi.get(w, unk) for w in words] + [eos]
-            oov += [w not in stoi for w in words] + [False]
             starts.append(len(ids))
-        return np.array(ids, dtype=np.int64), np.array(starts, dtype=np.int64), np.array(oov, dtype=bool)
+        ids_array = np.array(ids, dtype=np.int64)
+        return ids_array, np.array(starts, dtype=np.int64), ids_array == unk
 
 
 def score_stream(model: NGramModel, ids: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
