@@ -77,8 +77,9 @@ def test_a_vanished_copy_is_forgotten_and_the_error_names_both_places(tmp_path, 
 
 def test_a_copy_in_the_cache_needs_no_variable(tmp_path, monkeypatch, capsys, offline):
     monkeypatch.delenv("SEQLM_DATA", raising=False)
-    write_corpus(cache_dir() / "datasets" / "ptb")
-    assert train_kn(capsys, tmp_path / "kn")["test_tokens"] > 0
+    corpus = write_corpus(cache_dir() / "datasets" / "ptb")
+    lines = (corpus / "test.txt").read_text().splitlines()
+    assert train_kn(capsys, tmp_path / "kn")["test_tokens"] == sum(len(x.split()) + 1 for x in lines)  # + </s>
 
 
 def test_score_text_takes_strings_as_whitespace_separated_words(tmp_path, capsys):
