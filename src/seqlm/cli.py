@@ -126,12 +126,27 @@ def cmd_info(args: argparse.Namespace, rest: list[str]) -> None:
     from dataclasses import asdict
 
     import seqlm
+    from seqlm.nn.softmax import parameters_by_layer
 
     model = seqlm.load(args.model_dir)
     params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
     print(json.dumps({"family": model.family, "config": asdict(model.config), "parameters": params,
-                      "vocab_size": len(model.vocab)}
+                      "parameters_by_layer": parameters_by_layer(model), "vocab_size": len(model.vocab)}
                      | ({"history": model.history} if hasattr(model, "history") else {}), indent=2))
+
+
+def cmd_embed(args: argparse.Namespace, rest: list[str]) -> None:
+    """Train skip-gram word vectors (gensim word2vec) on a corpus; write word2vec text format."""
+    from seqlm.embed import embed_from_cli
+
+    print(json.dumps(embed_from_cli(args)))
+
+
+def cmd_sparse_codes(args: argparse.Namespace, rest: list[str]) -> None:
+    """Code rare words as sparse non-negative mixes of B base words (sparse-word-representations, eq. 5)."""
+    from seqlm.sparse_codes import codes_from_cli
+
+    print(codes_from_cli(args))
 
 
 def cmd_plot(args: argparse.Namespace, rest: list[str]) -> None:
@@ -251,6 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help=cmd_info.__doc__)
     i.add_argument("model_dir", help="model directory (or an .arpa file)")
     i.set_defaults(func=cmd_info)
+
+    em = sub.add_parser("embed", help=cmd_embed.__doc__)
+    from seqlm.embed import add_embed_options
+    add_embed_options(em)
+    em.set_defaults(func=cmd_embed)
+    sc = sub.add_parser("sparse-codes", help=cmd_sparse_codes.__doc__)
+    from seqlm.sparse_codes import add_codes_options
+    add_codes_options(sc)
+    sc.set_defaults(func=cmd_sparse_codes)
 
     pl = sub.add_parser("plot", help=cmd_plot.__doc__)
     pl.add_argument("model_dirs", nargs="+", help="model directories with a metrics.jsonl (one curve each)")

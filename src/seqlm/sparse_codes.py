@@ -41,7 +41,7 @@ class CodeOptions:
     lr: float = 0.01  # Adam learning rate
     threshold: float = 0.015  # entries below threshold x max(x) are zeroed at the end
     candidates: int = 64  # base words considered per rare word (most cosine-similar); 0 = all
-    chunk: int = 8192  # rare words optimised together
+    chunk: int = 2048  # rare words optimised together (memory: chunk x candidates x E doubles)
     seed: int = 1
     threads: int = 0  # torch threads; 0 = torch's default
 
@@ -55,21 +55,28 @@ def _candidates(U: torch.Tensor, W: torch.Tensor, k: int) -> torch.Tensor:
     return (wn @ un.T).topk(k, dim=1).indices  # (R, k)
 
 
-def solve_codes(U: torch.Tensor, W: torch.Tensor, opt: CodeOptions) -> tuple[torch.Tensor, torch.Tensor]:
+def solve_codes(U: torch.Tensor, W: torch.Tensor, opt: CodeOptions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes of the rows of W (R, E) over base vectors U (B, E): (indices (R, K), values (R, K)) after
-    thresholding (zero values are entries dropped). Float64 throughout: the problems are small."""
+    thresholding (zero values are entries dropped), and which words kept their starting point (R,).
+    Float64 throughout: the problems are small."""
     U, W = U.double(), W.double()
     idx = _candidates(U, W, opt.candidates)  # (R, K)
     vals = torch.empty(idx.shape, dtype=torch.float64)
+    start = torch.empty(idx.shape, dtype=torch.float64)
     for lo in range(0, W.shape[0], opt.chunk):
         sl = slice(lo, lo + opt.chunk)
-        vals[sl] = _solve_chunk(U[idx[sl]], W[sl], opt)  # U[idx] (n, K, E)
+        vals[sl], start[sl] = _solve_chunk(U[idx[sl]], W[sl], opt)  # U[idx] (n, K, E)
+    # A word the vectors cannot fit well can lose its whole code: the adaptive l1 weight L/R1 grows as x
+    # shrinks. Such a word keeps its (non-negative least-squares) starting point instead: counted in the report.
+    lost = ~(vals > 0).any(dim=1)  # (R,)
+    vals = torch.where(lost.unsqueeze(1), start, vals)
     keep = vals >= opt.threshold * vals.max(dim=1, keepdim=True).values  # (R, K)
-    return idx, torch.where(keep & (vals > 0), vals, torch.zeros_like(vals))
+    return idx, torch.where(keep & (vals > 0), vals, torch.zeros_like(vals)), lost
 
 
-def _solve_chunk(Uc: torch.Tensor, w: torch.Tensor, opt: CodeOptions) -> torch.Tensor:
-    """Objective (5) for n words at once: Uc (n, K, E) candidate vectors, w (n, E) -> x (n, K)."""
+def _solve_chunk(Uc: torch.Tensor, w: torch.Tensor, opt: CodeOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """Objective (5) for n words at once: Uc (n, K, E) candidate vectors, w (n, E) -> x (n, K) and the
+    starting point (n, K)."""
     G = Uc @ Uc.transpose(1, 2)  # (n, K, K)
     c = (Uc @ w.unsqueeze(2)).squeeze(2)  # (n, K)
     ww = (w * w).sum(1)  # (n,)
@@ -92,7 +99,7 @@ def _solve_chunk(Uc: torch.Tensor, w: torch.Tensor, opt: CodeOptions) -> torch.T
         adam.step()
         with torch.no_grad():
             x.clamp_(min=0.0)  # non-negative codes: clip after each step (Sec. 3.1)
-    return x.detach()
+    return x.detach(), x0
 
 
 def _fit_error(U: torch.Tensor, W: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
@@ -115,13 +122,14 @@ def sparse_codes(vectors: Path, out: Path, opt: CodeOptions, show: list[str] | N
             raise SeqlmError(f"--{name} must be at least 1, got {getattr(opt, name)}")
     t0 = time.time()
     U, W = torch.from_numpy(vecs[: opt.base]), torch.from_numpy(vecs[opt.base :])
-    idx, vals = solve_codes(U, W, opt)
+    idx, vals, lost = solve_codes(U, W, opt)
     book = CodeBook(words[: opt.base], {w: [(i, 1.0)] for i, w in enumerate(words[: opt.base])})
     for r, w in enumerate(words[opt.base :]):
         nz = torch.nonzero(vals[r]).flatten().tolist()
         book.codes[w] = sorted(((int(idx[r, j]), float(vals[r, j])) for j in nz), key=lambda p: -p[1])
     book.write(out)
     report = _report(book, words, opt, _fit_error(U, W, idx, vals), show, time.time() - t0)
+    report["kept_starting_point"] = int(lost.sum())  # words whose optimised code vanished (see solve_codes)
     atomic_write_text(Path(str(out) + ".report.json"), json.dumps(report, indent=2) + "\n")
     return report
 

@@ -23,14 +23,19 @@ def read_metrics(model_dir: Path) -> list[dict]:
 
 
 def plot_runs(model_dirs: list[Path], out: Path) -> None:
+    """Valid perplexity by epoch and by wall time; then, where any run logged them, the training loss per
+    token and the log-normaliser log Z_h (NCE runs: mean +- spread of the true one at validation, and
+    ZRegression's prediction) by epoch: the panels of sparse-word-representations.txt Fig. 5."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_e, ax_t) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for d in model_dirs:
-        rows = read_metrics(d)
+    runs = [(d, read_metrics(d)) for d in model_dirs]
+    has_z = any("log_z_mean" in r for _, rows in runs for r in rows)
+    fig, axes = plt.subplots(1, 4 if has_z else 2, figsize=(22 if has_z else 11, 4.2))
+    ax_e, ax_t = axes[0], axes[1]
+    for d, rows in runs:
         ep = [r["epoch"] for r in rows]
         wall = [r["wall_seconds"] / 60 for r in rows]
         ppl = [r["valid_ppl"] for r in rows]
@@ -39,12 +44,29 @@ def plot_runs(model_dirs: list[Path], out: Path) -> None:
         halved = [i for i, r in enumerate(rows) if r.get("lr_halved")]
         ax_e.scatter([ep[i] for i in halved], [ppl[i] for i in halved], marker="v", s=40, color=line.get_color())
         ax_t.scatter([wall[i] for i in halved], [ppl[i] for i in halved], marker="v", s=40, color=line.get_color())
+        if has_z:
+            _nce_panels(axes[2], axes[3], d.name, rows, line.get_color())
     ax_e.set(xlabel="epoch", ylabel="valid perplexity", title="by epoch (▼ = learning rate halved)")
     ax_t.set(xlabel="wall time (min)", ylabel="valid perplexity", title="by wall time")
-    for ax in (ax_e, ax_t):
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
+
+
+def _nce_panels(ax_loss, ax_z, name: str, rows: list[dict], color) -> None:
+    import math
+
+    ep = [r["epoch"] for r in rows]
+    ax_loss.plot(ep, [math.log(r["train_ppl"]) for r in rows], marker="o", ms=3, color=color, label=name)
+    ax_loss.set(xlabel="epoch", ylabel="training loss per token", title="training loss (NCE rows: the NCE loss)")
+    z = [r for r in rows if "log_z_mean" in r]
+    if z:
+        zep, mean, std = [r["epoch"] for r in z], [r["log_z_mean"] for r in z], [r["log_z_std"] for r in z]
+        ax_z.errorbar(zep, mean, yerr=std, marker="o", ms=3, capsize=3, color=color, label=f"{name}: true")
+        if "log_z_pred_mean" in z[0]:
+            ax_z.plot(zep, [r["log_z_pred_mean"] for r in z], ls="--", color=color, label=f"{name}: ZRegression")
+    ax_z.set(xlabel="epoch", ylabel="log Z_h", title="log-normaliser at validation (mean +- std)")

@@ -269,7 +269,14 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
     if cfg.objective == "nce":
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu")
         nce = NCE(hidden, counts, cfg.noise_samples, cfg.noise_power, cfg.noise_sharing, cfg.normaliser)
-    return FullSoftmax(hidden, len(vocab), proj, nce)
+    layer = FullSoftmax(hidden, len(vocab), proj, nce)
+    bias = layer.proj.bias
+    if nce is not None and bias.numel() == len(vocab) and bias.device.type != "meta":
+        # start from the unigram model, whose Z_h is 1: with zero biases Z_h = V, far from the Z_h = 1 NCE
+        # assumes, and the first updates then wreck the model (PTB, 5k tokens: valid ppl 26k, above uniform)
+        with torch.no_grad():
+            bias.copy_(torch.log(counts.double().clamp(min=1) / counts.double().clamp(min=1).sum()))
+    return layer
 
 
 def layer_stats(model: nn.Module) -> dict[str, float]:
