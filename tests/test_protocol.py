@@ -136,6 +136,18 @@ def test_a_sentence_independent_rnn_is_scored_sentence_by_sentence_in_both_modes
     assert "--sentence-independent" in capsys.readouterr().err  # --stream said what it did instead
 
 
+def test_oov_is_every_token_scored_as_unk_literal_or_unseen():
+    """The one OOV definition (KenLM's): a word outside the vocabulary and a literal <unk> both count."""
+    model = make("fnn")
+    stream = encode_sentences([["w1", "<unk>", "zebra", "w2"], ["giraffe"]], model.vocab)
+    r = evaluate(model, stream)
+    logp = score_tokens(model, stream).logp  # (7,) w1 <unk> zebra w2 </s> giraffe </s>
+    inside = [0, 3, 4, 6]  # by hand: the positions of w1, w2 and the two </s>
+    assert r["oov"] == 3 and r["tokens"] == 7
+    assert r["ppl_excl_oov"] == pytest.approx(math.exp(-logp[inside].sum() / len(inside)), rel=1e-12)
+    assert r["ppl"] == pytest.approx(math.exp(-logp.sum() / 7), rel=1e-12)
+
+
 def test_registry_matches_cli_choices():
     from seqlm.cli import build_parser
 
