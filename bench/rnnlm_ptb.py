@@ -2,6 +2,7 @@
 
     python bench/rnnlm_ptb.py --rows rnn-bptt [--session-minutes 60]
     python bench/rnnlm_ptb.py --rows rnn+kn5,rnn-x4        # combinations of finished rows
+    python bench/rnnlm_ptb.py --rows bptt-cost-h200,bptt-cost-h400 --threads 1   # BPTT(tau) cost A/B
 
 Rows train into bench/checkpoints/rnnlm_ptb/ROW/ and resume from their last epoch checkpoint when run
 again; each invocation merges its rows into bench/results/rnnlm_ptb.json ("finished" says whether the
@@ -157,6 +158,58 @@ def class_speedup(rows: dict) -> dict | None:
                                              "full": f["valid_curve"][k - 1]} if k else None}
 
 
+def _chunk_cut_step(model, batch, state):
+    """The method per-position BPTT(tau) replaced, re-implemented here for timing only: each chunk cut
+    into pieces of tau steps, so a position's error flows back 1..tau steps."""
+    h = model.rnn.initial_state(batch.inputs.shape[0]) if state is None else state  # (B, H)
+    x = model.drop(model.embedding(batch.inputs))  # (B, T, H)
+    outs = []
+    for t0 in range(0, x.shape[1], model.tau):
+        o, h = model.rnn(x[:, t0 : t0 + model.tau], h.detach())  # (B, tau, H)
+        outs.append(o)
+    hs = model.drop(torch.cat(outs, dim=1))  # (B, T, H)
+    logp = model.out.target_log_probs(hs.flatten(0, 1), batch.targets.flatten())  # (B*T,)
+    return -logp.sum() / batch.num_tokens, h.detach(), batch.num_tokens
+
+
+def bptt_cost(hidden: int, args: argparse.Namespace, batches: int = 40, rounds: int = 3) -> dict:
+    """Training words/s of per-position BPTT(tau 5) and of the chunk-cut method on the same PTB batches,
+    alternating in rounds in one process (the same load for both); the best round of each."""
+    from itertools import islice
+
+    import numpy as np
+
+    from seqlm.data.corpus import build_vocab
+    from seqlm.models.rnn import RNNConfig, build_rnn, rnn_batches
+    from seqlm.train.optim import build_optimizer
+    from seqlm.train.steps import tbptt_step
+
+    vocab = build_vocab(ptb_dir() / "train.txt")
+    cfg = RNNConfig(hidden=hidden, dropout=0.3)
+    data = list(islice(rnn_batches(cfg, vocab)(encode_file(ptb_dir() / "train.txt", vocab),
+                                               np.random.default_rng(0), (0, 1)), batches))
+    torch.manual_seed(1)
+    model = build_rnn(cfg, vocab)
+    opt = build_optimizer(model, cfg.train)
+    best = {"per-position": 0.0, "chunk-cut": 0.0}
+    for method in (tbptt_step, _chunk_cut_step):  # warm-up: first calls allocate
+        for batch in data[:3]:
+            method(model, batch, None)[0].backward()
+    for _ in range(rounds):
+        for method, step in (("per-position", tbptt_step), ("chunk-cut", _chunk_cut_step)):
+            state, t = None, time.perf_counter()
+            for batch in data:
+                loss, state, n = step(model, batch, state)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            best[method] = max(best[method], sum(b.num_tokens for b in data) / (time.perf_counter() - t))
+    return {"name": f"bptt-cost-h{hidden}", "hidden": hidden, "tau": cfg.tau, "seq_len": cfg.train.seq_len,
+            "batches_per_round": batches, "rounds": rounds, "train_words_per_s_per_position": best["per-position"],
+            "train_words_per_s_chunk_cut": best["chunk-cut"],
+            "per_position_cost_ratio": best["chunk-cut"] / best["per-position"], "threads": args.threads}
+
+
 def main() -> None:
     p = row_parser(__doc__, "rnn-bptt,rnn-bp,rnn-bptt-full,rnn-bptt-h400,rnn+kn5", "fp32")
     p.add_argument("--stream-weights", action="store_true", help="fit mixture weights in stream mode")
@@ -167,8 +220,10 @@ def main() -> None:
             row = run_rnn(name, args)
         elif name in MIXTURES:
             row = run_mixture(name, args)
+        elif name in ("bptt-cost-h200", "bptt-cost-h400"):
+            row = bptt_cost(int(name[-3:]), args)
         else:
-            sys.exit(f"unknown row {name}; choose from {', '.join([*RNN_ROWS, *MIXTURES])}")
+            sys.exit(f"unknown row {name}; choose from {', '.join([*RNN_ROWS, *MIXTURES])}, bptt-cost-h200/-h400")
         path = merge_rows("rnnlm_ptb", [row])
         doc = json.loads(path.read_text())
         speed = class_speedup({r["name"]: r for r in doc["rows"]})
