@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help=cmd_eval.__doc__)
     text_args(e)
-    e.add_argument("--stream", action="store_true", help="carry state across sentences (recurrent models)")
+    e.add_argument("--stream", action="store_true",
+                   help="carry state across sentences (recurrent models; not --sentence-independent ones)")
     e.add_argument("--iterations", metavar="K|exact", help="Elman models: evaluate with K fixed-point iterations, "
                    "or exactly (default: the model's own history rule)")
     e.set_defaults(func=cmd_eval)
