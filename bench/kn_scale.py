@@ -199,8 +199,8 @@ def corpus_files(name: str, tmp: Path, fraction: float = 1.0) -> dict[str, Path]
 
 def lmplz(kb: Path, files: dict, order: int, tmp: Path) -> dict:
     arpa = tmp / f"lmplz-{order}.arpa"
-    wall, rss, _ = run_measured([str(kb / "lmplz"), "-o", str(order), "-S", "2G", "-T", str(tmp)],
-                                stdin=files["kenlm_train"], stdout=arpa)
+    cmd = [str(kb / "lmplz"), "-o", str(order), "-S", "2G", "-T", str(tmp), "--discount_fallback"]
+    wall, rss, _ = run_measured(cmd, stdin=files["kenlm_train"], stdout=arpa)
     return {"lmplz_seconds": wall, "lmplz_peak_rss_mb": rss, "arpa": arpa}
 
 
