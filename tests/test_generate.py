@@ -89,7 +89,7 @@ def _char_corpus(d):
 def test_char_model_reports_bits_per_character_and_word(tmp_path, capsys):
     corpus = _char_corpus(tmp_path / "c")
     out = tmp_path / "m"
-    tiny = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--context", "32", "--bptt", "32",
+    tiny = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--context", "32", "--seq-len", "32",
             "--batch-size", "8", "--threads", "1", "--max-epochs", "2", "--unit", "char"]
     assert main(["train", "--model", "transformer", "--data", str(corpus), "--out", str(out), *tiny]) == 0
     capsys.readouterr()

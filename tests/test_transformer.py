@@ -131,7 +131,7 @@ def test_cli_train_eval_stream_generate_resume(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "c", n_train=200, n_eval=20)
     out = tmp_path / "m"
     tiny = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--context", "16",
-            "--bptt", "16", "--batch-size", "8", "--threads", "1", "--max-epochs", "2"]
+            "--seq-len", "16", "--batch-size", "8", "--threads", "1", "--max-epochs", "2"]
     assert main(["train", "--model", "transformer", "--data", str(corpus), "--out", str(out), *tiny]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     vocab_size = len((out / "vocab.txt").read_text().splitlines())
