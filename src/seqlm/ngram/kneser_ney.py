@@ -162,17 +162,22 @@ def interpolate(counts: NGramCounts, initial: Initial) -> tuple[list[np.ndarray]
     """
     V, bos = counts.vocab_size, counts.bos_id
     uniform = 1.0 / (V - 1)  # every word but <s>
-    p = initial.u[0] + initial.gamma[0][0] * uniform  # (V,)
+    p = initial.u[0] + initial.gamma[0][0] * uniform  # (V,) float64 while the next order needs it
     p[bos] = 0.0
-    probs = [p]
+    log_p = [_log10_f32(p)]  # stored as float32 (like KenLM) as soon as each order is done
     for k in range(2, counts.order + 1):
         gamma = initial.gamma[k - 1][counts.prefix(k)]  # (M_k,)
-        probs.append(initial.u[k - 1] + gamma * probs[k - 2][counts.suffix[k - 1]])
-    with np.errstate(divide="ignore"):
-        log_p = [np.log10(q) for q in probs]
+        p = initial.u[k - 1] + gamma * p[counts.suffix[k - 1]]  # (M_k,)
+        log_p.append(_log10_f32(p))
     log_p[0][bos] = BOS_LOG10
-    backoffs = [np.nan_to_num(np.log10(g), nan=0.0) for g in initial.gamma[1:]]  # (M_k,) for k < N
+    backoffs = [np.nan_to_num(_log10_f32(g), nan=0.0) for g in initial.gamma[1:]]  # (M_k,) for k < N
     return log_p, backoffs
+
+
+def _log10_f32(x: np.ndarray) -> np.ndarray:
+    """log10 computed in float64, stored as float32 (log10 0 = -inf, NaN stays NaN)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log10(x).astype(np.float32)
 
 
 def drop_pruned(
