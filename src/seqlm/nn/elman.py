@@ -10,8 +10,10 @@ Three implementations compute the same function (tests check them against each o
 - ``"manual"`` (default): forward loop without autograd plus a hand-written BPTT backward
   (:class:`_ElmanBPTT`). Backprop through time needs one (B, H) x (H, H) matmul per step; the
   gradient of W_h is accumulated afterwards in a single (H, T*B) x (T*B, H) matmul instead of T small
-  ones. Fastest on CPU: B=64, T=20, H=200, 2 threads, forward+backward about 5.4-6.3 ms against
-  7.4-9.9 ms for the other two (B=32..128, T=10..40: 10-35% faster).
+  ones. With `tau` (BPTT(tau), exact per position) the backward carries a (tau, B, H) stack of
+  per-source gradients instead: one ((tau-1) B, H) x (H, H) matmul per step. Fastest on CPU: B=64,
+  T=20, H=200, 2 threads, forward+backward about 5.4-6.3 ms against 7.4-9.9 ms for the other two
+  (B=32..128, T=10..40: 10-35% faster).
 - ``"fused"``: torch's fused tanh RNN (``nn.RNN`` called through ``torch.func.functional_call``) with
   weights derived on the fly from the sigmoid-space parameters, using the exact identity
   sigmoid(a) = (tanh(a/2) + 1) / 2. With g = 2 s - 1:
