@@ -184,6 +184,13 @@ def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
                                  args.raw)))
 
 
+def cmd_dsae(args: argparse.Namespace, rest: list[str]) -> None:
+    """Discrete sequence autoencoding efficiency of a dae model against a baseline (p, p', b, K, DSAE)."""
+    from seqlm.dsae import dsae_from_dirs
+
+    print(json.dumps(dsae_from_dirs(args.baseline, args.dae, args.data, args.text, args.split)))
+
+
 def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
     """Rescore an n-best list with a model: new total scores per hypothesis and the 1-best per utterance."""
     from seqlm.eval.rescore import rescore_files
@@ -327,6 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
     from seqlm.eval.lattice_rescore import add_lattice_options
     add_lattice_options(rs)  # --lattice FILE... and its options
     rs.set_defaults(func=cmd_rescore)
+
+    ds = sub.add_parser("dsae", help=cmd_dsae.__doc__)
+    ds.add_argument("baseline", help="model directory of the baseline LM (p)")
+    ds.add_argument("dae", help="model directory of the dae model that peeks at c(s) (p')")
+    ds.add_argument("--data", help="dataset name or corpus directory ...")
+    ds.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
+    ds.add_argument("--text", help="or a text file, one sentence per line")
+    ds.set_defaults(func=cmd_dsae)
 
     cv = sub.add_parser("convert", help=cmd_convert.__doc__)
     cv.add_argument("src", help="ARPA file (.gz ok), binary model or kn model directory")

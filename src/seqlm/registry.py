@@ -23,6 +23,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.models import kn
 from seqlm.models.afp import AFPConfig, afp_batches, build_afp
+from seqlm.models.dae import DAEConfig, build_dae, dae_batches
 from seqlm.models.fnn import FNNConfig, build_fnn
 from seqlm.models.fofe import FOFEConfig, build_fofe
 from seqlm.models.lstm import LSTMConfig, build_lstm, lstm_batches
@@ -184,6 +185,10 @@ FAMILIES: dict[str, Family] = {
     "lstm": NeuralFamily(
         summary="LSTM LM (torch's fused LSTM): full, NCE-trained or sparse-code compressed vocabulary layers",
         config=LSTMConfig, build=build_lstm, batches=lstm_batches, step=tbptt_step,
+    ),
+    "dae": NeuralFamily(
+        summary="discrete sequence autoencoder (Kaiser & Bengio 2018): a Transformer that peeks at c(s)",
+        config=DAEConfig, build=build_dae, batches=dae_batches, step=sentence_step,
     ),
     "mix": MixtureFamily(
         summary="linear interpolation of saved models (rnnlm-extensions.txt); built by `seqlm interpolate`",

@@ -139,3 +139,37 @@ def run_generate(args: Any) -> list[str]:
         hyps = beam_search(model, args.beam, args.max_len)[: args.num]
         return [detokenize(model.vocab.decode(h.ids), unit) for h in hyps]
     return [detokenize(s, unit) for s in sample(model, args.num, args.seed, args.temperature, args.max_len)]
+
+
+def _parse_code(text: str, bits: int) -> list[int]:
+    try:
+        code = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SeqlmError(f"--latent expects comma-separated integers, got {text!r}") from None
+    if not code or not all(0 <= c < 2**bits for c in code):
+        raise SeqlmError(f"--latent symbols must be integers in [0, {2**bits}) (b = {bits} bits)")
+    return code
+
+
+@torch.no_grad()
+def decode_code(model: Any, code: list[int], beam: int, max_len: int) -> list[Hypothesis]:
+    """Beam search for s given the latent symbols c(s) (a dae model)."""
+    device = model_device(model)
+    state = model.start_state(torch.tensor([code], device=device))
+    room = model.lm.context - state[0].shape[1] - 1  # the prefix and the sentence share the positions
+    start = model.step(torch.tensor([model.vocab.bos_id], device=device), state)
+    return beam_search(model, beam, min(max_len, room), start=start)
+
+
+def run_dae_generate(model: Any, args: Any) -> list[str]:
+    """dae: sample c(s) from the latent model and beam-decode s from each (one line per sample); or with
+    --latent, the best min(--num, beam) sentences for that code. The beam is --beam, else 4."""
+    _check(args.num, args.max_len)
+    model.eval()
+    unit = getattr(getattr(model, "data_config", None), "unit", "word")
+    beam = args.beam or 4
+    if args.latent:
+        hyps = decode_code(model, _parse_code(args.latent, model.bits), beam, args.max_len)[: args.num]
+        return [detokenize(model.vocab.decode(h.ids), unit) for h in hyps]
+    codes = model.sample_codes(args.num, torch.Generator().manual_seed(args.seed), model.latent.context - 1)
+    return [detokenize(model.vocab.decode(decode_code(model, c, beam, args.max_len)[0].ids), unit) for c in codes]

@@ -157,6 +157,19 @@ class TransformerLM(nn.Module):
         kv = torch.zeros(batch_size, len(self.blocks), first.heads, 0, d_head, device=dev)
         return torch.zeros(batch_size, 0, dtype=torch.long, device=dev), kv, kv.clone()
 
+    def prime(self, x: Tensor, resets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The `step` state after reading input vectors x (B, L, D) (a prefix that is not tokens): the cache of
+        their last segment, which must start at the same column in every row. Its positions stand in for
+        tokens, so x plus what is generated after it must fit in `context` (the cache is never rebuilt)."""
+        starts = resets.clone()
+        starts[:, 0] = True
+        c = int(starts.any(0).nonzero().max())
+        if not bool(starts[:, c].all()):
+            raise SeqlmError("prime: rows whose last segments start at different columns")
+        _, kvs = self.run(x[:, c:], resets[:, c:])
+        ids = torch.zeros(x.shape[0], x.shape[1] - c, dtype=torch.long, device=x.device)
+        return ids, torch.stack([kv[0] for kv in kvs], dim=1), torch.stack([kv[1] for kv in kvs], dim=1)
+
     def step(self, tokens: Tensor, state: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, tuple]:
         ids, k, v = state
         if ids.shape[1] == self.context:  # window full: rebuild the cache from the last W - S inputs

@@ -1,0 +1,188 @@
+"""Discrete sequence autoencoder (Kaiser & Bengio 2018, discrete-autoencoders.txt): a Transformer LM that
+peeks at a discrete code c(s) of the sentence it predicts.
+
+Each sentence s (its tokens and `</s>`) is embedded, shortened K = 2^k times and discretised to c(s)
+(seqlm.nn.compress, seqlm.nn.bottleneck: b bits a symbol). The sequence model reads the dense c(s) reversed,
+a separator, then s, and is scored on s only (Sec. 2.3, Figure 2). A separate latent model with its own
+parameters predicts the symbols of c(s) (trained on them at the same time, on detached symbols), so a code
+can be sampled and then decoded by beam search (Sec. 4).
+
+`peek false` builds the same network with the prefix cut off by the attention mask: the baseline of equal
+capacity, against which `seqlm dsae` measures how many of the b / K bits per token the code saves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from seqlm.config import TrainConfig, choice, dropout_rate, non_negative, positive
+from seqlm.data.batching import Planned, sentence_groups, sentence_rows
+from seqlm.data.corpus import TokenStream
+from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
+from seqlm.models.transformer import TransformerLM
+from seqlm.nn.bottleneck import GumbelBottleneck, SemanticHashing
+from seqlm.nn.compress import Compress
+from seqlm.protocol import Batch
+
+
+def _dae_training() -> TrainConfig:
+    # rows of whole sentences, about batch_size x seq_len tokens a batch
+    return TrainConfig(optimizer="adamw", lr=1e-3, weight_decay=0.01, schedule="warmup-cosine", warmup_steps=100,
+                       min_lr=1e-5, batch_size=16, seq_len=256, clip=1.0, max_epochs=10, precision="bf16")
+
+
+@dataclass
+class DAEConfig:
+    layers: int = 2  # sequence model: Transformer blocks
+    d_model: int = 256  # sequence model: hidden size (also c(s)'s)
+    heads: int = 4  # sequence model: attention heads
+    d_ff: int = 1024  # sequence model: feed-forward size
+    context: int = 640  # positions: c(s), the separator and the longest sentence must fit
+    dropout: float = 0.1  # sequence model dropout
+    bottleneck: str = "semhash"  # semhash (improved semantic hashing) | gumbel (Gumbel-softmax)
+    k: int = 3  # c(s) is K = 2^k times shorter than s
+    bits: int = 16  # b: bits per latent symbol (2^b symbols)
+    local: bool = False  # c(s) from strided convolutions only: symbol j sees only its own K tokens
+    filter_size: int = 1024  # semhash decompression network width (paper 4096 at d_model 512)
+    noise_std: float = 1.0  # semhash: std of the training noise on the pre-activation (paper 1.0)
+    hard_fraction: float = 0.5  # semhash: share of sequences fed hard bits in training (paper 1/2)
+    pretrain_steps: int = 200  # training steps with c(s) = s' (no discretisation; paper 10000)
+    tau_start: float = 1.0  # gumbel: initial temperature
+    tau_min: float = 0.1  # gumbel: lowest temperature
+    anneal_rate: float = 1e-3  # gumbel: tau = max(tau_min, tau_start exp(-rate step))
+    peek: bool = True  # false: the sequence model cannot see c(s) (the equal-capacity baseline)
+    latent_layers: int = 1  # latent model (predicts c(s) for sampling): Transformer blocks
+    latent_d_model: int = 64  # latent model: hidden size
+    train: TrainConfig = field(default_factory=_dae_training)
+
+    def __post_init__(self) -> None:
+        positive(self, "layers", "d_model", "heads", "d_ff", "context", "bits", "filter_size", "latent_layers",
+                 "latent_d_model", "tau_start", "tau_min")
+        non_negative(self, "k", "noise_std", "pretrain_steps", "anneal_rate")
+        choice("bottleneck", self.bottleneck, ("semhash", "gumbel"))
+        dropout_rate(self.dropout)
+        if self.d_model % self.heads:
+            raise SeqlmError(f"--d-model ({self.d_model}) must be a multiple of --heads ({self.heads})")
+        if self.bits > 20 or (self.bottleneck == "gumbel" and self.bits > 16):
+            raise SeqlmError(f"--bits {self.bits}: at most 20 (16 with gumbel: it keeps 2^b embeddings)")
+        if not 0.0 <= self.hard_fraction <= 1.0:
+            raise SeqlmError(f"--hard-fraction must be in [0, 1], got {self.hard_fraction}")
+
+    @property
+    def K(self) -> int:
+        return 2**self.k
+
+
+def latent_vocab(bits: int) -> Vocab:
+    """Latent symbol i is token i + 2 (after </s> and <unk>)."""
+    return Vocab(["</s>", "<unk>"] + [str(i) for i in range(2**bits)])
+
+
+class DAELM(nn.Module):
+    """The sequence model `lm` reading c(s) from `code`, and the `latent` model of the symbols."""
+
+    def __init__(self, vocab: Vocab, lm: TransformerLM, code: Compress, latent: TransformerLM, bits: int, peek: bool):
+        super().__init__()
+        self.vocab, self.lm, self.code, self.latent, self.bits, self.peek = vocab, lm, code, latent, bits, peek
+        self.sep = nn.Parameter(torch.randn(lm.embed.embedding_dim) * 0.02)
+
+    def _prefixed(self, dense: Tensor, m: Tensor, tail: Tensor) -> tuple[Tensor, Tensor]:
+        """[reversed c(s), separator, tail] (B, M + 1 + T, D) and its resets. Rows with fewer symbols are padded
+        on the left; the padding is a segment of its own, so nobody attends to it (nor, without peek, to c(s))."""
+        B, M, _ = dense.shape
+        prefix = dense.flip(1)  # (B, M, D) row b: M - M_b padding columns, then c_{M_b - 1} ... c_0
+        resets = torch.zeros(B, M + 1 + tail.shape[1], dtype=torch.bool, device=dense.device)
+        resets[torch.arange(B), M - m.sum(1)] = True  # the first symbol of each row starts its segment
+        if not self.peek:
+            resets[:, M] = True  # the separator starts a new segment: c(s) is invisible
+        sep = self.sep.to(tail.dtype).expand(B, 1, -1)
+        return torch.cat([prefix.to(tail.dtype), sep, tail], dim=1), resets
+
+    def encode(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        """c(s) of each row's sentence (its targets): dense (B, M, D), symbols (B, M), mask (B, M)."""
+        if not bool(batch.resets[:, 0].all()) or bool(batch.resets[:, 1:].any()):
+            raise SeqlmError("dae rows must hold one whole sentence each (sentence mode)")
+        return self.code(self.lm.embed(batch.targets), batch.mask)
+
+    def forward(self, batch: Batch, state: None = None):
+        dense, symbols, m = self.encode(batch)
+        x, resets = self._prefixed(dense, m, self.lm.embed(batch.inputs))
+        h = self.lm.windows(x, resets)[:, dense.shape[1] + 1 :]  # (B, T, D) the positions that predict s
+        logp = self.lm._target_logp(h, batch)  # (B, T)
+        if not self.training:
+            return logp, None
+        loss = -logp
+        loss[:, 0] += self._latent_nll(symbols, m)  # each row's code loss rides on its first token
+        return logp, None, loss
+
+    def _latent_nll(self, symbols: Tensor, m: Tensor) -> Tensor:
+        """(B,) -ln p(c(s)) under the latent model, </s> after the last symbol (its own parameters)."""
+        B = symbols.shape[0]
+        tgt = torch.where(m, symbols.detach() + 2, 0)  # (B, M) tokens; padding reads as </s>
+        tgt = torch.cat([tgt, tgt.new_zeros(B, 1)], dim=1)  # (B, M + 1)
+        inp = torch.cat([tgt.new_zeros(B, 1), tgt[:, :-1]], dim=1)
+        mask = torch.cat([m.new_ones(B, 1), m], dim=1)  # symbols and the </s> after them
+        resets = torch.zeros_like(mask)
+        resets[:, 0] = True
+        return -self.latent(Batch(inp, tgt, mask, resets))[0].sum(1)
+
+    def score(self, batch: Batch) -> Tensor:
+        return self(batch)[0]
+
+    # -- generation --------------------------------------------------------------------------------------
+    def start_state(self, symbols: Tensor) -> tuple:
+        """The state after reading reversed c(s) (symbols (B, M)) and the separator: a sentence start."""
+        dense = self.code.bottleneck.embed_symbols(symbols)  # (B, M, D)
+        m = torch.ones_like(symbols, dtype=torch.bool)
+        x, resets = self._prefixed(dense, m, dense.new_zeros(symbols.shape[0], 0, dense.shape[-1]))
+        return self.lm.prime(x, resets)
+
+    def initial_state(self, batch_size: int) -> tuple:
+        """A sentence start with an empty code (the sequence model after the separator alone)."""
+        return self.start_state(torch.zeros(batch_size, 0, dtype=torch.long, device=self.sep.device))
+
+    def step(self, tokens: Tensor, state: tuple) -> tuple[Tensor, tuple]:
+        return self.lm.step(tokens, state)
+
+    def sample_codes(self, num: int, gen: torch.Generator, max_symbols: int) -> list[list[int]]:
+        from seqlm.eval.generate import sample_ids
+
+        return [[t - 2 for t in ids if t >= 2] for ids in sample_ids(self.latent, num, gen, max_len=max_symbols)]
+
+    def generate_lines(self, args) -> list[str]:
+        from seqlm.eval.generate import run_dae_generate
+
+        return run_dae_generate(self, args)
+
+
+def dae_batches(cfg: DAEConfig, vocab: Vocab):
+    """Whole sentences, one per row (c(s) is a code of one sentence), rows grouped by length."""
+
+    def batches(stream: TokenStream, rng: np.random.Generator, shard: tuple[int, int]):
+        t = cfg.train
+        groups = sentence_groups(stream, max_tokens=t.batch_size * t.seq_len, max_len=10**9)
+        order = rng.permutation(len(groups))[shard[0] :: shard[1]]
+        return Planned(len(order), (sentence_rows(stream, vocab.bos_id, groups[i]).batch for i in order))
+
+    return batches
+
+
+def build_dae(cfg: DAEConfig, vocab: Vocab) -> DAELM:
+    lm = TransformerLM(vocab, layers=cfg.layers, d_model=cfg.d_model, heads=cfg.heads, d_ff=cfg.d_ff,
+                       context=cfg.context, stride=cfg.context // 2, positions="learned", tie_embeddings=True,
+                       dropout=cfg.dropout)
+    if cfg.bottleneck == "semhash":
+        neck: nn.Module = SemanticHashing(cfg.d_model, cfg.bits, cfg.filter_size, cfg.noise_std, cfg.hard_fraction)
+    else:
+        neck = GumbelBottleneck(cfg.d_model, cfg.bits, cfg.tau_start, cfg.tau_min, cfg.anneal_rate)
+    code = Compress(cfg.d_model, cfg.k, neck, local=cfg.local, pretrain_steps=cfg.pretrain_steps)
+    latent = TransformerLM(latent_vocab(cfg.bits), layers=cfg.latent_layers, d_model=cfg.latent_d_model,
+                           heads=max(1, cfg.latent_d_model // 32), d_ff=4 * cfg.latent_d_model,
+                           context=cfg.context // cfg.K + 2, stride=0, positions="learned", tie_embeddings=True,
+                           dropout=0.0)
+    return DAELM(vocab, lm, code, latent, bits=cfg.bits, peek=cfg.peek)

@@ -1,0 +1,142 @@
+"""The dae family: layout of [reversed c(s), separator, s], peek, decoding from a code, DSAE, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from seqlm.cli import main
+from seqlm.data.vocab import Vocab
+from seqlm.dsae import dsae_report, dsae_value
+from seqlm.models.dae import DAEConfig, build_dae
+from seqlm.protocol import Batch
+
+from conftest import write_corpus
+
+
+def _dae(**kw):
+    torch.manual_seed(0)
+    vocab = Vocab(["</s>", "<unk>"] + [f"w{i}" for i in range(10)])
+    cfg = DAEConfig(layers=1, d_model=16, heads=2, d_ff=32, context=64, k=2, bits=6, filter_size=32,
+                    latent_d_model=32, dropout=0.0, pretrain_steps=0, **kw)
+    return build_dae(cfg, vocab).eval()
+
+
+def _rows(sentences: list[list[int]]) -> Batch:
+    """One whole sentence per row (ids ending with </s> = 0), padded."""
+    T = max(len(s) for s in sentences)
+    inputs = torch.zeros(len(sentences), T, dtype=torch.long)
+    targets = torch.zeros_like(inputs)
+    mask = torch.zeros_like(inputs, dtype=torch.bool)
+    for b, s in enumerate(sentences):
+        targets[b, : len(s)] = torch.tensor(s)
+        inputs[b, 1 : len(s)] = torch.tensor(s[:-1])
+        mask[b, : len(s)] = True
+    resets = torch.zeros_like(mask)
+    resets[:, 0] = True
+    return Batch(inputs, targets, mask, resets)
+
+
+SENTS = [[3, 4, 5, 6, 7, 2, 0], [8, 9, 0], [5, 5, 5, 5, 5, 5, 5, 5, 5, 11, 0]]
+
+
+def test_prefix_is_the_reversed_code_then_the_separator():
+    model = _dae()
+    dense = torch.arange(2 * 3 * 16, dtype=torch.float32).view(2, 3, 16)
+    m = torch.tensor([[True, True, True], [True, False, False]])
+    x, resets = model._prefixed(dense, m, torch.zeros(2, 4, 16))
+    assert torch.equal(x[0, :3], dense[0].flip(0))  # c_2 c_1 c_0
+    assert torch.equal(x[1, 2], dense[1, 0]) and torch.equal(x[0, 3], model.sep.detach())
+    assert resets[:, :4].tolist() == [[True, False, False, False], [False, False, True, False]]
+
+
+def test_batched_rows_score_as_alone():
+    model = _dae()
+    with torch.no_grad():
+        together = model.score(_rows(SENTS))
+        for b, s in enumerate(SENTS):
+            assert torch.allclose(model.score(_rows([s]))[0], together[b, : len(s)], atol=1e-5)
+
+
+@pytest.mark.parametrize("peek", [True, False])
+def test_the_code_matters_only_when_the_model_peeks(peek):
+    model = _dae(peek=peek)
+    batch = _rows(SENTS)
+    with torch.no_grad():
+        before = model.score(batch)
+        model.code.bottleneck.proj.weight.add_(torch.randn_like(model.code.bottleneck.proj.weight))
+        after = model.score(batch)
+    assert torch.allclose(before, after, atol=1e-6) != peek
+
+
+@pytest.mark.parametrize("bottleneck", ["semhash", "gumbel"])
+def test_decoding_from_a_code_gives_the_scores_of_the_sentence_with_that_code(bottleneck):
+    """step() from start_state(c(s)) through s == score(s): the cache path equals the full forward pass."""
+    model = _dae(bottleneck=bottleneck)
+    s = SENTS[0]
+    batch = _rows([s])
+    with torch.no_grad():
+        _, symbols, _ = model.encode(batch)
+        state = model.start_state(symbols)
+        tok, out = torch.tensor([0]), []
+        for w in s:
+            logp, state = model.step(tok, state)
+            out.append(logp[0, w])
+            tok = torch.tensor([w])
+        assert torch.allclose(torch.stack(out), model.score(batch)[0], atol=1e-5)
+
+
+def test_training_adds_the_latent_models_loss_on_detached_symbols():
+    model = _dae().train()
+    batch = _rows(SENTS)
+    logp, _, loss = model(batch)
+    assert torch.allclose(loss[:, 1:], -logp[:, 1:]) and bool((loss[:, 0] > -logp[:, 0]).all())
+    loss.sum().backward()
+    assert model.latent.embed.weight.grad is not None
+
+
+def test_dsae_formula_and_caveat():
+    assert dsae_value(32.0, 8.0, 16, 8) == pytest.approx(1.0)  # the paper's example: 5 bits -> 3 bits with 2 bits
+    r = dsae_report(100.0, 60.0, 16, 8)
+    assert r["dsae"] == pytest.approx(8 * (math.log(100) - math.log(60)) / (16 * math.log(2)))
+    assert "caveat" not in r
+    assert "over-capacitated" in dsae_report(3.0, 2.0, 16, 8)["caveat"]  # 2 bits > log2 3
+
+
+def _tiny(corpus, out, *extra):
+    flags = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--threads", "1", "--max-epochs",
+             "1", "--batch-size", "8", "--seq-len", "32"]
+    return main(["train", "--data", str(corpus), "--out", str(out), *flags, *extra])
+
+
+def test_cli_dae_train_eval_dsae_generate(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "c", n_train=120, n_eval=15)
+    small = ["--k", "1", "--bits", "4", "--filter-size", "16", "--latent-d-model", "32", "--pretrain-steps", "3",
+             "--context", "64"]
+    assert _tiny(corpus, tmp_path / "dae", "--model", "dae", *small) == 0
+    assert _tiny(corpus, tmp_path / "blind", "--model", "dae", *small, "--peek", "false") == 0
+    assert _tiny(corpus, tmp_path / "tf", "--model", "transformer", "--context", "32") == 0
+    capsys.readouterr()
+    ppl = {}
+    for name in ("dae", "blind", "tf"):
+        assert main(["eval", str(tmp_path / name), "--data", str(corpus)]) == 0
+        ppl[name] = json.loads(capsys.readouterr().out)["ppl"]
+    assert main(["dsae", str(tmp_path / "tf"), str(tmp_path / "dae"), "--data", str(corpus)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["bits"], r["K"]) == (4, 2)
+    assert r["p"] == pytest.approx(ppl["tf"]) and r["p_prime"] == pytest.approx(ppl["dae"])
+    assert r["dsae"] == pytest.approx((math.log2(ppl["tf"]) - math.log2(ppl["dae"])) / 2)
+    # a model that cannot see c(s), against itself: nothing saved
+    assert main(["dsae", str(tmp_path / "blind"), str(tmp_path / "blind"), "--data", str(corpus)]) == 0
+    assert json.loads(capsys.readouterr().out)["dsae"] == 0.0
+    assert main(["dsae", str(tmp_path / "dae"), str(tmp_path / "tf"), "--data", str(corpus)]) == 2
+    assert "not a dae model" in capsys.readouterr().err
+    assert main(["generate", str(tmp_path / "dae"), "--num", "3", "--max-len", "12"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert main(["generate", str(tmp_path / "dae"), "--latent", "3,1,15", "--beam", "3", "--num", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert main(["generate", str(tmp_path / "dae"), "--latent", "3,16"]) == 2
+    assert "--latent symbols" in capsys.readouterr().err
