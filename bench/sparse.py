@@ -23,7 +23,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -53,8 +52,11 @@ VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "full": [],
     "nce": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "one"],
     "nce-zreg": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "regression"],
-    "codes-cbias": ["--codes", "{codes}"],
-    "codes-ibias": ["--codes", "{codes}", "--code-bias", "true"],
+    # compressed models are trained as in the paper: NCE with ZRegression (a softmax over the rebuilt
+    # V x H output matrix trains at a third of the full softmax's speed here, beyond this budget)
+    "codes-cbias": ["--codes", "{codes}", "--objective", "nce", "--noise-samples", "100", "--normaliser", "regression"],
+    "codes-ibias": ["--codes", "{codes}", "--code-bias", "true", "--objective", "nce", "--noise-samples", "100",
+                    "--normaliser", "regression"],
 }
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
 
@@ -94,15 +96,27 @@ def _data(corpus: str):
     return root, data_cfg, vocab, train, encode_file(valid_file, vocab), test_file
 
 
+# A child's rusage peak includes its parent's memory at fork time (Linux carries it across exec); the
+# kernel's VmHWM of the child's own address space does not. The child reports it when seqlm returns.
+CHILD = ("import sys\nfrom seqlm.cli import main\nrc = main(sys.argv[1:])\n"
+         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
+         "print('peak_rss_kb', hwm, file=sys.stderr)\nsys.exit(rc)")
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak resident memory (VmHWM), MB."""
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1]) / 1024
+
+
 def _seqlm(*argv: str) -> tuple[str, float, float]:
-    """Run `python -m seqlm ...` as a child: (stdout, seconds, its own peak RSS in MB)."""
+    """Run `seqlm ...` as a child process: (stdout, seconds, its own peak RSS in MB)."""
     t = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "seqlm", *argv], stdout=subprocess.PIPE, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"seqlm {' '.join(argv)} failed")
-    return out, time.time() - t, usage.ru_maxrss / 1024
+    proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"seqlm {' '.join(argv)} failed: {proc.stderr[-2000:]}")
+    kb = next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("peak_rss_kb"))
+    return proc.stdout, time.time() - t, int(kb) / 1024
 
 
 def _codes(corpus: str, root: Path, threads: int) -> tuple[Path, dict]:
@@ -115,7 +129,8 @@ def _codes(corpus: str, root: Path, threads: int) -> tuple[Path, dict]:
         info["embed"] = {**json.loads(out), "wall_seconds": round(secs, 1)}
     if not codes.exists():
         _, secs, _ = _seqlm("sparse-codes", str(vec), "--base", str(CORPORA[corpus]["base"]), "--out", str(codes),
-                            "--threads", str(threads), "--show", "algorithms,secrets,debates,companies,prices")
+                            "--threads", str(threads), "--steps", "300",
+                            "--show", "algorithms,secrets,debates,companies,prices")
         info["codes_wall_seconds"] = round(secs, 1)
     report = json.loads(Path(str(codes) + ".report.json").read_text())
     return codes, {**info, "codes_report": {k: report[k] for k in
@@ -155,7 +170,7 @@ def run_lstm(name: str, corpus: str, flags: list[str], args, extra: dict, full_d
     out.mkdir(parents=True, exist_ok=True)
     family("lstm").train(model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg), resumed,
                          args.session_minutes)
-    train_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    train_rss = peak_rss_mb()  # the row runs in a process of its own (see main)
     status = run_status(out)
     hist = [h for h in status["history"] if not h.get("partial")]
     best = seqlm.load(out)
@@ -220,7 +235,15 @@ def main() -> None:
     EVAL_TOKENS = args.eval_tokens or EVAL_TOKENS
     WORK = Path(args.work) if args.work else WORK
     torch.set_num_threads(args.threads)
-    for name in args.rows.split(","):
+    rows = args.rows.split(",")
+    if len(rows) > 1:  # one process per row, so each row's peak memory is its own
+        for name in rows:
+            argv = list(sys.argv[1:])
+            argv[argv.index("--rows") + 1] = name
+            if subprocess.run([sys.executable, sys.argv[0], *argv]).returncode != 0:
+                sys.exit(f"row {name} failed")
+        return
+    for name in rows:
         row = run_row(name, args)
         merge_rows("sparse", [row])
         print(json.dumps({k: row.get(k) for k in ("name", "test_ppl", "test_ppl_stream", "embed_output_params",

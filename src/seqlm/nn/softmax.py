@@ -270,13 +270,26 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu")
         nce = NCE(hidden, counts, cfg.noise_samples, cfg.noise_power, cfg.noise_sharing, cfg.normaliser)
     layer = FullSoftmax(hidden, len(vocab), proj, nce)
-    bias = layer.proj.bias
-    if nce is not None and bias.numel() == len(vocab) and bias.device.type != "meta":
-        # start from the unigram model, whose Z_h is 1: with zero biases Z_h = V, far from the Z_h = 1 NCE
-        # assumes, and the first updates then wreck the model (PTB, 5k tokens: valid ppl 26k, above uniform)
-        with torch.no_grad():
-            bias.copy_(torch.log(counts.double().clamp(min=1) / counts.double().clamp(min=1).sum()))
+    if layer.proj.bias.device.type != "meta":
+        # Every objective starts from the unigram model, whose Z_h is 1. NCE needs it: with zero biases
+        # Z_h = V, far from the Z_h = 1 it assumes, and the first updates wreck the model (PTB, 5k tokens:
+        # valid ppl 26k, above uniform); the softmax rows start from the same place, for a fair comparison.
+        _unigram_bias(layer.proj, torch.tensor(vocab.counts, dtype=torch.long, device="cpu"))
     return layer
+
+
+@torch.no_grad()
+def _unigram_bias(proj: nn.Module, counts: Tensor) -> None:
+    """Output biases = log unigram probabilities; a compressed bias c gets each base word's own value."""
+    log_p = torch.log(counts.double().clamp(min=1) / counts.double().clamp(min=1).sum()).float()  # (V,)
+    if proj.bias.numel() == log_p.numel():
+        proj.bias.copy_(log_p)
+        return
+    codes = proj.codes  # CodedLinear with c (B,): word i with the one-hot code e_j is base word j
+    length = codes.code_indptr[1:] - codes.code_indptr[:-1]  # (V,)
+    one_hot = (length == 1) & (codes.code_value[codes.code_indptr[:-1].clamp(max=codes.nonzeros - 1)] == 1.0)
+    words = torch.nonzero(one_hot).flatten()  # (B,) ids of the base words
+    proj.bias[codes.code_index[codes.code_indptr[words]]] = log_p[words]
 
 
 def layer_stats(model: nn.Module) -> dict[str, float]:

@@ -1,0 +1,127 @@
+"""NCE with Z_h = 1 and ZRegression (seqlm.nn.nce): its gradient against the exact softmax gradient, exact
+normalisation of NCE-trained models, ZRegression against the true log-normaliser, metrics and plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqlm.cli import main
+from seqlm.data.vocab import Vocab
+from seqlm.nn.nce import NCE
+from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
+from seqlm.nn.sparse_code import CodeBook
+
+
+@pytest.mark.parametrize("sharing", ["batch", "token"])
+def test_nce_gradient_points_the_way_of_the_softmax_gradient(sharing):
+    """For a self-normalised model (Z_h = 1) and many noise words, the expected NCE gradient approaches the
+    maximum-likelihood gradient (Gutmann & Hyvarinen 2012): the NCE weights k P_n / (p + k P_n) tend to 1.
+    One context, its scores made log-normalised through the bias, targets drawn from another distribution."""
+    torch.manual_seed(0)
+    V, H, N = 20, 6, 64
+    proj = nn.Linear(H, V).double()
+    h = torch.randn(1, H, dtype=torch.float64).expand(N, H)
+    with torch.no_grad():
+        proj.bias.sub_(torch.logsumexp(proj(h[:1]), -1))  # now sum_w exp(s(w, h)) = 1: Z_h = 1 holds
+    targets = torch.multinomial(F.softmax(torch.randn(V), -1), N, replacement=True)
+    nce = NCE(H, torch.randint(1, 50, (V,)), k=500, power=1.0, sharing=sharing, normaliser="one").double()
+
+    def grad(loss_fn) -> torch.Tensor:
+        proj.zero_grad()
+        loss_fn().backward()
+        return torch.cat([proj.weight.grad.flatten(), proj.bias.grad.flatten()])
+
+    exact = grad(lambda: F.cross_entropy(proj(h), targets, reduction="sum"))
+    approx = grad(lambda: torch.stack([nce.loss(proj, h, targets).sum() for _ in range(20)]).mean())
+    assert F.cosine_similarity(exact, approx, dim=0) > 0.95
+    assert F.cosine_similarity(exact, torch.randn_like(exact), dim=0).abs() < 0.5  # a random one is not
+
+
+def test_exact_distribution_of_nce_trained_model_sums_to_one():
+    torch.manual_seed(0)
+    vocab = Vocab(["</s>", "<unk>"] + [f"w{i}" for i in range(30)], [50, 1] + list(range(60, 0, -2)))
+    cfg = VocabLayerConfig(objective="nce", noise_samples=10, normaliser="one")
+    out = build_output(cfg, vocab, 8, build_embedding(cfg, vocab, 8))
+    opt = torch.optim.Adam(out.parameters(), lr=0.05)
+    h = torch.randn(200, 8)
+    y = torch.randint(0, len(vocab), (200,))
+    for _ in range(50):
+        opt.zero_grad()
+        out.loss(h, y).mean().backward()
+        opt.step()
+    out.eval()
+    logp = out.log_probs(h)  # (N, V)
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(200), atol=1e-5)
+    assert torch.allclose(out.target_log_probs(h, y), logp.gather(1, y[:, None]).squeeze(1), atol=1e-5)
+    assert (torch.logsumexp(out.proj(h), -1) - 0).abs().max() > 1e-3  # its own scores were not normalised
+
+
+def test_zregression_tracks_the_true_log_normaliser():
+    """Fixed scores whose true log Z_h varies strongly with h, data drawn from the normalised model: NCE trains
+    the ZRegression layer alone, and its log Z_h = w_Z . h + b_Z must land on log sum_w exp s(w, h)."""
+    torch.manual_seed(0)
+    V, H, N = 40, 10, 2000
+    proj = nn.Linear(H, V)
+    with torch.no_grad():
+        proj.weight.copy_(torch.randn(H) + 0.3 * torch.randn(V, H))  # a part common to all words
+    proj.requires_grad_(False)
+    h = torch.randn(N, H)
+    y = torch.multinomial(F.softmax(proj(h), -1), 1).squeeze(1)
+    nce = NCE(H, torch.bincount(y, minlength=V), 25, 1.0, "batch", "regression")
+    opt = torch.optim.Adam(nce.parameters(), lr=0.05)
+    for _ in range(300):
+        opt.zero_grad()
+        nce.loss(proj, h, y).mean().backward()
+        opt.step()
+    with torch.no_grad():
+        true = torch.logsumexp(proj(h), -1)  # (N,)
+        pred = nce.log_z(h)
+    assert true.std() > 1.0  # far from the constant Z_h = 1 assumes
+    assert (pred - true).pow(2).mean().sqrt() < 0.15 * true.std()
+    assert torch.corrcoef(torch.stack([pred, true]))[0, 1] > 0.98
+
+
+def test_compressed_bias_starts_from_base_words_unigram():
+    vocab = Vocab(["</s>", "<unk>", "a", "b", "c"], [4, 1, 8, 4, 2])
+    book = CodeBook(["a", "b"], {"a": [(0, 1.0)], "b": [(1, 1.0)], "c": [(0, 0.5), (1, 0.5)]})
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        book.write(f"{d}/c.txt")
+        cfg = VocabLayerConfig(objective="nce", codes=f"{d}/c.txt")
+        out = build_output(cfg, vocab, 4, build_embedding(cfg, vocab, 4))
+    log_p = torch.log(torch.tensor([4, 1, 8, 4, 2.0]) / 19)
+    assert torch.allclose(out.proj.bias, log_p[[2, 3, 0, 1]])  # c_j = log p(base word j)
+
+
+def _corpus(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
+        lines = [" ".join(f"w{(i + int(rng.integers(0, 3))) % 40}" for i in range(int(rng.integers(3, 9))))
+                 for _ in range(n)]
+        (tmp_path / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_cli_nce_logs_log_z_and_plot_draws_it(tmp_path, capsys):
+    corpus = _corpus(tmp_path)
+    runs = []
+    for norm in ("one", "regression"):
+        out = tmp_path / f"m-{norm}"
+        assert main(["train", "--model", "lstm", "--data", str(corpus), "--out", str(out), "--hidden", "16",
+                     "--layers", "1", "--max-epochs", "2", "--objective", "nce", "--noise-samples", "5",
+                     "--normaliser", norm, "--threads", "1", "--noise-sharing", "token"]) == 0
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == 2 and all("log_z_mean" in r and r["log_z_std"] >= 0 for r in rows)
+        assert ("log_z_pred_mean" in rows[0]) == (norm == "regression")
+        runs.append(str(out))
+    capsys.readouterr()
+    assert main(["plot", *runs, "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
