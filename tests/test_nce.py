@@ -104,8 +104,9 @@ def _corpus(tmp_path):
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 300), ("valid", 40), ("test", 40)):
-        lines = [" ".join(f"w{(i + int(rng.integers(0, 3))) % 40}" for i in range(int(rng.integers(3, 9))))
-                 for _ in range(n)]
+        starts = rng.integers(0, 40, n)
+        lines = [" ".join(f"w{(s + i + int(rng.integers(0, 3))) % 40}" for i in range(int(rng.integers(3, 9))))
+                 for s in starts]
         (tmp_path / f"{split}.txt").write_text("\n".join(lines) + "\n")
     return tmp_path
 
@@ -125,3 +126,26 @@ def test_cli_nce_logs_log_z_and_plot_draws_it(tmp_path, capsys):
     capsys.readouterr()
     assert main(["plot", *runs, "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("fam", ["fnn", "fofe", "rnn", "lstm"])
+def test_every_family_takes_nce_and_codes_through_the_shared_builder(tmp_path, capsys, fam):
+    corpus = _corpus(tmp_path)
+    words = [f"w{i}" for i in range(40)]
+    book = CodeBook(words[:10], {w: [(i, 1.0)] for i, w in enumerate(words[:10])})
+    book.codes.update({w: [(i % 10, 0.7), ((i + 3) % 10, 0.3)] for i, w in enumerate(words[10:], 10)})
+    book.write(tmp_path / "codes.txt")
+    sizes = ["--hidden", "16"] + (["--embed", "16", "--order", "2"] if fam in ("fnn", "fofe") else [])
+    sizes += ["--output", "full"] if fam == "rnn" else []
+    for name, extra in (("nce", ["--objective", "nce", "--noise-samples", "4"]),
+                        ("codes", ["--codes", str(tmp_path / "codes.txt")])):
+        out = tmp_path / f"{fam}-{name}"
+        assert main(["train", "--model", fam, "--data", str(corpus), "--out", str(out), "--max-epochs", "1",
+                     "--threads", "1", *sizes, *extra]) == 0
+        model = __import__("seqlm").load(out)
+        logp, _ = model.step(torch.tensor([0, 3]), model.initial_state(2))
+        assert torch.allclose(logp.exp().sum(-1), torch.ones(2), atol=1e-5)
+        if name == "codes":  # nothing trainable grows with V (42 words): the B = 12 base rows (10 + </s>, <unk>)
+            assert len(model.vocab) == 42 and model.config.vocab_layers.code_base == 12
+            assert all(len(model.vocab) not in p.shape for p in model.parameters())
+    capsys.readouterr()

@@ -7,6 +7,7 @@ read the start symbol, as an n-gram model pads with <s>.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +17,7 @@ from seqlm.config import TrainConfig, dropout_rate, positive
 from seqlm.data.batching import history
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.nn.softmax import FullSoftmax
+from seqlm.nn.softmax import FullSoftmax, VocabLayerConfig, build_embedding, build_output
 from seqlm.protocol import Batch
 
 
@@ -33,6 +34,7 @@ class FNNConfig:
     hidden: int = 400
     layers: int = 2
     dropout: float = 0.0  # on the input and every hidden layer; 0 = the paper's model
+    vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)  # NCE, sparse codes
     train: TrainConfig = field(default_factory=fofe_paper_training)
 
     def __post_init__(self) -> None:
@@ -48,12 +50,13 @@ class MLPHead(nn.Module):
     Glorot/Xavier normalised initialisation, no pre-training (fofe-fnnlm.txt Sec. 4).
     """
 
-    def __init__(self, in_features: int, hidden: int, layers: int, vocab_size: int, dropout: float = 0.0):
+    def __init__(self, in_features: int, hidden: int, layers: int, vocab_size: int, dropout: float = 0.0,
+                 output: Callable[[int], nn.Module] | None = None):
         super().__init__()
         self.drop = nn.Dropout(dropout)  # not in the paper (dropout 0): an option against overfitting
         dims = [in_features] + [hidden] * layers
         self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
-        self.softmax = FullSoftmax(dims[-1], vocab_size)
+        self.softmax = output(dims[-1]) if output else FullSoftmax(dims[-1], vocab_size)  # seqlm.nn.softmax
         for lin in self.hidden:
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -70,15 +73,24 @@ class MLPHead(nn.Module):
     def log_probs(self, x: Tensor) -> Tensor:
         return self.softmax.log_probs(self.features(x))  # (B, V)
 
+    def loss(self, x: Tensor, targets: Tensor) -> Tensor:
+        """The output layer's training loss per position (-log p, or NCE's), shaped like targets."""
+        h = self.features(x)  # (B, T, H)
+        return self.softmax.loss(h.flatten(0, -2), targets.flatten()).view(targets.shape)
+
 
 class FNNLM(nn.Module):
-    def __init__(self, vocab: Vocab, order: int, embed: int, hidden: int, layers: int, dropout: float = 0.0):
+    def __init__(self, vocab: Vocab, order: int, embed: int, hidden: int, layers: int, dropout: float = 0.0,
+                 vocab_layers: VocabLayerConfig | None = None):
         super().__init__()
         self.vocab = vocab
         self.order = order
-        self.embedding = nn.Embedding(len(vocab), embed)
-        nn.init.xavier_uniform_(self.embedding.weight)
-        self.head = MLPHead((order - 1) * embed, hidden, layers, len(vocab), dropout)
+        vl = vocab_layers or VocabLayerConfig()
+        self.embedding = build_embedding(vl, vocab, embed)
+        if isinstance(self.embedding, nn.Embedding):
+            nn.init.xavier_uniform_(self.embedding.weight)
+        self.head = MLPHead((order - 1) * embed, hidden, layers, len(vocab), dropout,
+                            lambda h: build_output(vl, vocab, h, self.embedding))
 
     def _context(self, ids: Tensor) -> Tensor:
         ids = torch.where(ids < 0, torch.full_like(ids, self.vocab.bos_id), ids)  # before the start: <s>
@@ -86,6 +98,8 @@ class FNNLM(nn.Module):
 
     def forward(self, batch: Batch, state: None = None) -> tuple[Tensor, None]:
         ctx = self._context(history(batch, self.order - 1))  # (B, T, (n-1)*E)
+        if self.training:  # the output layer's own training loss (the contract in seqlm.train.steps)
+            return None, None, self.head.loss(ctx, batch.targets).masked_fill(~batch.mask, 0.0)
         logp = self.head.target_log_probs(ctx, batch.targets)  # (B, T)
         return logp.masked_fill(~batch.mask, 0.0), None
 
@@ -93,7 +107,7 @@ class FNNLM(nn.Module):
         return self(batch)[0]
 
     def initial_state(self, batch_size: int) -> Tensor:
-        return torch.full((batch_size, self.order - 1), -1, dtype=torch.long, device=self.embedding.weight.device)
+        return torch.full((batch_size, self.order - 1), -1, dtype=torch.long, device=next(self.parameters()).device)
 
     def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         state = torch.cat([state[:, 1:], tokens.view(-1, 1)], dim=1)  # (B, n-1)
@@ -101,4 +115,5 @@ class FNNLM(nn.Module):
 
 
 def build_fnn(cfg: FNNConfig, vocab: Vocab) -> FNNLM:
-    return FNNLM(vocab, order=cfg.order, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout)
+    return FNNLM(vocab, order=cfg.order, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout,
+                 vocab_layers=cfg.vocab_layers)

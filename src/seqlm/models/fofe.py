@@ -20,6 +20,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.fofe import fofe_codes
 from seqlm.models.fnn import MLPHead, fofe_paper_training
+from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
 from seqlm.protocol import Batch
 
 
@@ -31,6 +32,7 @@ class FOFEConfig:
     hidden: int = 400
     layers: int = 2
     dropout: float = 0.0  # on the input and every hidden layer; 0 = the paper's model
+    vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)  # NCE, sparse codes
     train: TrainConfig = field(default_factory=fofe_paper_training)
 
     def __post_init__(self) -> None:
@@ -42,12 +44,15 @@ class FOFEConfig:
 
 class FOFELM(nn.Module):
     def __init__(self, vocab: Vocab, order: int, alpha: float, embed: int, hidden: int, layers: int,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, vocab_layers: VocabLayerConfig | None = None):
         super().__init__()
         self.vocab, self.order, self.alpha = vocab, order, alpha
-        self.embedding = nn.Embedding(len(vocab), embed)
-        nn.init.xavier_uniform_(self.embedding.weight)
-        self.head = MLPHead(order * embed, hidden, layers, len(vocab), dropout)
+        vl = vocab_layers or VocabLayerConfig()
+        self.embedding = build_embedding(vl, vocab, embed)
+        if isinstance(self.embedding, nn.Embedding):
+            nn.init.xavier_uniform_(self.embedding.weight)
+        self.head = MLPHead(order * embed, hidden, layers, len(vocab), dropout,
+                            lambda h: build_output(vl, vocab, h, self.embedding))
 
     def _features(self, z: Tensor, resets: Tensor) -> Tensor:
         """[z_t; z_{t-1}; ...] with codes from before the sentence start set to zero."""
@@ -61,6 +66,9 @@ class FOFELM(nn.Module):
 
     def forward(self, batch: Batch, state: None = None) -> tuple[Tensor, None]:
         z = fofe_codes(self.embedding(batch.inputs), batch.resets, self.alpha)  # (B, T, E)
+        if self.training:  # the output layer's own training loss (the contract in seqlm.train.steps)
+            loss = self.head.loss(self._features(z, batch.resets), batch.targets)  # (B, T)
+            return None, None, loss.masked_fill(~batch.mask, 0.0)
         logp = self.head.target_log_probs(self._features(z, batch.resets), batch.targets)  # (B, T)
         return logp.masked_fill(~batch.mask, 0.0), None
 
@@ -68,7 +76,7 @@ class FOFELM(nn.Module):
         return self(batch)[0]
 
     def initial_state(self, batch_size: int) -> Tensor:
-        return self.embedding.weight.new_zeros(batch_size, self.order, self.embedding.embedding_dim)
+        return next(self.parameters()).new_zeros(batch_size, self.order, self.embedding.embedding_dim)
 
     def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         z = self.alpha * state[:, 0] + self.embedding(tokens)  # (B, E) the recursion, one step
@@ -78,4 +86,4 @@ class FOFELM(nn.Module):
 
 def build_fofe(cfg: FOFEConfig, vocab: Vocab) -> FOFELM:
     return FOFELM(vocab, order=cfg.order, alpha=cfg.alpha, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers,
-                  dropout=cfg.dropout)
+                  dropout=cfg.dropout, vocab_layers=cfg.vocab_layers)

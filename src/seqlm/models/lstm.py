@@ -76,8 +76,11 @@ class LSTMLM(nn.Module):
         super().__init__()
         self.vocab, self.sentence_independent = vocab, sentence_independent
         embedding = build_embedding(vocab_layers, vocab, embed)
+        if isinstance(embedding, nn.Embedding):
+            nn.init.uniform_(embedding.weight, -0.1, 0.1)
         n_cls = classes or round(len(vocab) ** 0.5)
-        self.out = build_output(vocab_layers, vocab, hidden, embedding, output, n_cls)
+        # every LSTM starts from the unigram model (what NCE needs), so that objectives compare fairly
+        self.out = build_output(vocab_layers, vocab, hidden, embedding, output, n_cls, unigram_bias=True)
         self.embedding = TiedEmbedding(self.out.proj) if tied else embedding
         self.lstm = nn.LSTM(embed, hidden, num_layers=layers, dropout=dropout if layers > 1 else 0.0,
                             batch_first=True)

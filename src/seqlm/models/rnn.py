@@ -29,7 +29,7 @@ from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.nn.elman import Elman
-from seqlm.nn.softmax import ClassSoftmax, FullSoftmax
+from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
 from seqlm.protocol import Batch
 
 
@@ -51,6 +51,7 @@ class RNNConfig:
     dropout: float = 0.0  # on the input embedding and the output layer's input; 0 = the paper's model
     tau: int = 5  # BPTT(tau): every position's error flows back through tau steps (1 = plain back-propagation)
     sentence_independent: bool = False  # restart the state at every sentence, in training and scoring (rescoring)
+    vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)  # NCE, sparse codes (full output)
     train: TrainConfig = field(default_factory=_rnnlm_training)
 
     def __post_init__(self) -> None:
@@ -66,19 +67,18 @@ class RNNConfig:
 
 class RNNLM(nn.Module):
     def __init__(self, vocab: Vocab, hidden: int, embed: int, activation: str, output: str, classes: int,
-                 tau: int, sentence_independent: bool, dropout: float = 0.0):
+                 tau: int, sentence_independent: bool, dropout: float = 0.0,
+                 vocab_layers: VocabLayerConfig | None = None):
         super().__init__()
         self.drop = nn.Dropout(dropout)
         self.vocab, self.tau, self.sentence_independent = vocab, tau, sentence_independent
-        self.embedding = nn.Embedding(len(vocab), embed or hidden)
-        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        vl = vocab_layers or VocabLayerConfig()
+        self.embedding = build_embedding(vl, vocab, embed or hidden)
+        if isinstance(self.embedding, nn.Embedding):
+            nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
         self.rnn = Elman(embed, hidden, activation)  # embed 0: the lookup already is W_x x(t)
-        if output == "class":
-            n_cls = min(classes or round(math.sqrt(len(vocab))), len(vocab))
-            counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu").clamp(min=1)
-            self.out: nn.Module = ClassSoftmax(hidden, counts, n_cls)
-        else:
-            self.out = FullSoftmax(hidden, len(vocab))
+        n_cls = min(classes or round(math.sqrt(len(vocab))), len(vocab))
+        self.out = build_output(vl, vocab, hidden, self.embedding, output, n_cls)  # seqlm.nn.softmax
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         """(log-probs (B, T), next state). Training on a stream (autograd on, tau > 1), the state passed
@@ -100,6 +100,9 @@ class RNNLM(nn.Module):
         c = inputs.shape[1] - batch.inputs.shape[1]
         tau = self.tau if torch.is_grad_enabled() else None
         h, last = self.rnn(self.drop(self.embedding(inputs)), state, tau)  # (B, c+T, H), (B, H)
+        if self.training:  # the output layer's own training loss (the contract in seqlm.train.steps)
+            loss = self.out.loss(self.drop(h[:, c:]).flatten(0, 1), batch.targets.flatten())  # (B*T,)
+            return None, self._next_state(inputs, h, state, last), loss.view(B, -1).masked_fill(~batch.mask, 0.0)
         logp = self.out.target_log_probs(self.drop(h[:, c:]).flatten(0, 1), batch.targets.flatten())  # (B*T,)
         return logp.view(B, -1).masked_fill(~batch.mask, 0.0), self._next_state(inputs, h, state, last)
 
@@ -119,7 +122,7 @@ class RNNLM(nn.Module):
         return self(batch, state)
 
     def initial_state(self, batch_size: int) -> Tensor:
-        return self.rnn.initial_state(batch_size, self.embedding.weight.device)
+        return self.rnn.initial_state(batch_size, next(self.parameters()).device)
 
     def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         _, state = self.rnn(self.embedding(tokens).unsqueeze(1), state)  # (B, H)
@@ -144,4 +147,4 @@ def rnn_batches(cfg: RNNConfig, vocab: Vocab):
 def build_rnn(cfg: RNNConfig, vocab: Vocab) -> RNNLM:
     return RNNLM(vocab, hidden=cfg.hidden, embed=cfg.embed, activation=cfg.activation, output=cfg.output,
                  classes=cfg.classes, tau=cfg.tau, sentence_independent=cfg.sentence_independent,
-                 dropout=cfg.dropout)
+                 dropout=cfg.dropout, vocab_layers=cfg.vocab_layers)

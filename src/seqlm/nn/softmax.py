@@ -246,15 +246,14 @@ def build_embedding(cfg: VocabLayerConfig, vocab: Vocab, dim: int) -> nn.Module:
     """nn.Embedding, or with --codes the compressed CodedEmbedding (U x). Both map ids (...) -> (..., dim)."""
     codes = _sparse_codes(cfg, vocab)
     if codes is None:
-        emb = nn.Embedding(len(vocab), dim)
-        nn.init.uniform_(emb.weight, -0.1, 0.1)
-        return emb
+        return nn.Embedding(len(vocab), dim)  # torch's initialisation: each family may re-initialise it
     return CodedEmbedding(codes, dim)
 
 
 def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn.Module | None = None,
-                 output: str = "full", classes: int = 0) -> nn.Module:
-    """The output layer a family's config asks for. With --codes the output shares `embedding`'s codes."""
+                 output: str = "full", classes: int = 0, unigram_bias: bool = False) -> nn.Module:
+    """The output layer a family's config asks for. With --codes the output shares `embedding`'s codes.
+    `unigram_bias`: start from the unigram model (biases = log unigram probabilities; always so for NCE)."""
     if output == "class":
         if cfg.objective != "softmax" or cfg.codes:
             raise SeqlmError("--objective nce and --codes need the full output layer (--output full)")
@@ -270,10 +269,9 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu")
         nce = NCE(hidden, counts, cfg.noise_samples, cfg.noise_power, cfg.noise_sharing, cfg.normaliser)
     layer = FullSoftmax(hidden, len(vocab), proj, nce)
-    if layer.proj.bias.device.type != "meta":
-        # Every objective starts from the unigram model, whose Z_h is 1. NCE needs it: with zero biases
-        # Z_h = V, far from the Z_h = 1 it assumes, and the first updates wreck the model (PTB, 5k tokens:
-        # valid ppl 26k, above uniform); the softmax rows start from the same place, for a fair comparison.
+    if (unigram_bias or nce is not None) and layer.proj.bias.device.type != "meta":
+        # The unigram model's Z_h is 1. NCE needs that start: with zero biases Z_h = V, far from the Z_h = 1
+        # it assumes, and the first updates wreck the model (PTB, 5k tokens: valid ppl 26k, above uniform).
         _unigram_bias(layer.proj, torch.tensor(vocab.counts, dtype=torch.long, device="cpu"))
     return layer
 
