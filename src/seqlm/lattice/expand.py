@@ -12,9 +12,11 @@ histories reaching it (`<s>` included at the start), as SRILM's `lattice-tool -o
 
 The model state of an expanded state is computed once, by `step` from the state it came from, batched over
 all expanded states of a topological level (nodes whose longest path from the start is equally long);
-only the log-probabilities of the words that can follow are kept. Null words, `<s>`, `</s>` and silence
-are not predicted; `</s>` is scored on the arcs into the end node. A beam (on the forward score with the
-new LM scores) and a cap on expanded states per node are off by default and counted when they bind.
+only the log-probabilities of the words that can follow are kept (a model with the optional
+`step_targets(tokens, state, rows, targets)`, as the Elman LMs have, computes only those). Null words,
+`<s>`, `</s>` and silence are not predicted; `</s>` is scored on the arcs into the end node. A beam (on
+the forward score with the new LM scores) and a cap on expanded states per node are off by default and
+counted when they bind.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import Tensor
 
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
+from seqlm.eval.perplexity import model_device
 from seqlm.lattice.graph import Arc, Lattice, is_null
 from seqlm.protocol import LanguageModel, context_order
 
@@ -118,10 +121,15 @@ class _ModelStates:
                           for c in by_call])
             requests, needed = [requests[i] for i in order], [needed[i] for i in order]
         tokens = torch.tensor([tok for _, tok in requests])
-        logp, state = self.model.step(tokens, state)  # (R, V)
         rows = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor([len(n) for n in needed]))
         cols = torch.tensor([t for n in needed for t in n], dtype=torch.long)
-        vals = logp[rows.to(logp.device), cols.to(logp.device)].double().cpu().tolist()  # only what follows
+        if hasattr(self.model, "step_targets"):  # optional: a model that can skip the full distribution
+            device = model_device(self.model)
+            logp, state = self.model.step_targets(tokens.to(device), state, rows.to(device), cols.to(device))
+            vals = logp.double().cpu().tolist()  # (N,)
+        else:
+            logp, state = self.model.step(tokens.to(model_device(self.model)), state)  # (R, V)
+            vals = logp[rows.to(logp.device), cols.to(logp.device)].double().cpu().tolist()  # only what follows
         self.calls.append(state)
         self.rows += len(requests)
         out, pos, call = [None] * len(order), 0, len(self.calls) - 1

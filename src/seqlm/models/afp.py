@@ -107,13 +107,22 @@ class AFPLM(nn.Module):
             return self.rnn.initial_state(batch_size, device)
         return torch.full((batch_size, self.iterations), -1, dtype=torch.long, device=device)
 
-    def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    def _read(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """(hidden state (B, H) after reading tokens (B,), the new protocol state)."""
         if self.iterations is None:
             _, state = self.rnn(self.embedding(tokens).unsqueeze(1), state)  # (B, H)
-            return self.out.log_probs(state), state
+            return state, state
         window = torch.cat([state[:, 1:], tokens.view(-1, 1)], dim=1)  # (B, K) the last K inputs
-        h = window_state(self.rnn, self.embedding(window.clamp(min=0)), window >= 0)  # (B, H)
-        return self.out.log_probs(h), window
+        return window_state(self.rnn, self.embedding(window.clamp(min=0)), window >= 0), window  # (B, H)
+
+    def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        h, state = self._read(tokens, state)  # (B, H)
+        return self.out.log_probs(h), state
+
+    def step_targets(self, tokens: Tensor, state: Tensor, rows: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """`step`, but only ln p of targets (N,) after rows (N,): no (B, V) distribution (lattice rescoring)."""
+        h, state = self._read(tokens, state)  # (B, H)
+        return self.out.target_log_probs(h[rows], targets), state  # (N,)
 
 
 def with_iterations(model: nn.Module, iterations: int | None) -> AFPLM:
