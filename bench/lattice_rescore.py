@@ -38,7 +38,7 @@ from seqlm.models.afp import with_iterations
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
 AMI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lattices" / "ami"
-SENTENCES, COMPETITORS, SIGMA, BONUS, SEED, LMSCALE, MERGE, NBEST = 100, 2, 2.0, 1.0, 1, 1.0, 3, 100
+SENTENCES, COMPETITORS, SIGMA, BONUS, SEED, LMSCALE, MERGE, NBEST = 50, 2, 2.0, 1.0, 1, 1.0, 3, 100
 
 
 def kn(order: int):
