@@ -139,3 +139,21 @@ def test_bad_lstm_options_are_one_line_errors(tmp_path, capsys):
                  "--codes", str(tmp_path / "missing.txt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("seqlm: error:") for line in err)
+
+
+def test_corpus_under_seqlm_data_by_name(tmp_path, monkeypatch, capsys):
+    """`--data NAME` finds $SEQLM_DATA/NAME (how `--data gcide` works), with .gz splits."""
+    import gzip
+
+    corpus = _corpus(tmp_path / "data" / "mycorpus" if (tmp_path / "data" / "mycorpus").mkdir(parents=True) is None
+                     else None)
+    for split in ("train", "valid", "test"):
+        text = (corpus / f"{split}.txt").read_bytes()
+        (corpus / f"{split}.txt").unlink()
+        with gzip.open(corpus / f"{split}.txt.gz", "wb") as f:
+            f.write(text)
+    monkeypatch.setenv("SEQLM_DATA", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--model", "lstm", "--data", "mycorpus", "--out", str(tmp_path / "m"), "--hidden", "8",
+                 "--layers", "1", "--max-epochs", "1", "--threads", "1"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["test_tokens"] > 0

@@ -100,8 +100,11 @@ def _named_dataset(name: str) -> Path:
 def resolve_corpus(name_or_dir: str) -> Path:
     """A corpus directory for a dataset name or a path, checked to hold all three splits."""
     path = Path(name_or_dir)
+    env = os.environ.get("SEQLM_DATA")
     if name_or_dir in DATASETS and not path.is_dir():
         path = _named_dataset(name_or_dir)
+    elif not path.is_dir() and env and path.name == name_or_dir and (Path(env) / name_or_dir).is_dir():
+        path = Path(env) / name_or_dir  # any corpus under $SEQLM_DATA by its name (e.g. gcide), not downloaded
     elif not path.is_dir():
         raise SeqlmError(f"{name_or_dir}: not a directory or a known dataset ({', '.join(DATASETS)})")
     for split in SPLITS:
