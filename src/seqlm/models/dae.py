@@ -58,6 +58,8 @@ class DAEConfig:
     peek: bool = True  # false: the sequence model cannot see c(s) (the equal-capacity baseline)
     latent_layers: int = 1  # latent model (predicts c(s) for sampling): Transformer blocks
     latent_d_model: int = 64  # latent model: hidden size
+    latent_share: float = 0.125  # share of each batch's rows the latent model trains on (a 2^b-way softmax a
+    # symbol is costly, and the model is needed only for sampling)
     train: TrainConfig = field(default_factory=_dae_training)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,8 @@ class DAEConfig:
             raise SeqlmError(f"--d-model ({self.d_model}) must be a multiple of --heads ({self.heads})")
         if self.bits > 20 or (self.bottleneck == "gumbel" and self.bits > 16):
             raise SeqlmError(f"--bits {self.bits}: at most 20 (16 with gumbel: it keeps 2^b embeddings)")
+        if not 0.0 < self.latent_share <= 1.0:
+            raise SeqlmError(f"--latent-share must be in (0, 1], got {self.latent_share}")
         if not 0.0 <= self.hard_fraction <= 1.0:
             raise SeqlmError(f"--hard-fraction must be in [0, 1], got {self.hard_fraction}")
 
@@ -86,9 +90,11 @@ def latent_vocab(bits: int) -> Vocab:
 class DAELM(nn.Module):
     """The sequence model `lm` reading c(s) from `code`, and the `latent` model of the symbols."""
 
-    def __init__(self, vocab: Vocab, lm: TransformerLM, code: Compress, latent: TransformerLM, bits: int, peek: bool):
+    def __init__(self, vocab: Vocab, lm: TransformerLM, code: Compress, latent: TransformerLM, bits: int, peek: bool,
+                 latent_share: float = 1.0):
         super().__init__()
         self.vocab, self.lm, self.code, self.latent, self.bits, self.peek = vocab, lm, code, latent, bits, peek
+        self.latent_share = latent_share
         self.sep = nn.Parameter(torch.randn(lm.embed.embedding_dim) * 0.02)
 
     def _prefixed(self, dense: Tensor, m: Tensor, tail: Tensor) -> tuple[Tensor, Tensor]:
@@ -117,7 +123,8 @@ class DAELM(nn.Module):
         if not self.training:
             return logp, None
         loss = -logp
-        loss[:, 0] += self._latent_nll(symbols, m)  # each row's code loss rides on its first token
+        n = max(1, round(self.latent_share * len(symbols)))  # the latent model learns from the first n rows
+        loss[:n, 0] += self._latent_nll(symbols[:n], m[:n])  # each row's code loss rides on its first token
         return logp, None, loss
 
     def _latent_nll(self, symbols: Tensor, m: Tensor) -> Tensor:
@@ -185,4 +192,4 @@ def build_dae(cfg: DAEConfig, vocab: Vocab) -> DAELM:
                            heads=max(1, cfg.latent_d_model // 32), d_ff=4 * cfg.latent_d_model,
                            context=cfg.context // cfg.K + 2, stride=0, positions="learned", tie_embeddings=True,
                            dropout=0.0)
-    return DAELM(vocab, lm, code, latent, bits=cfg.bits, peek=cfg.peek)
+    return DAELM(vocab, lm, code, latent, bits=cfg.bits, peek=cfg.peek, latent_share=cfg.latent_share)

@@ -1,0 +1,185 @@
+"""Discrete autoencoders on PTB (discrete-autoencoders.txt, Tables 1-2; issue 12): DSAE of improved semantic
+hashing (global and local c(s)) and Gumbel-softmax against an equal-capacity baseline, the noise ablation,
+and the diversity of sampled-c(s) + beam decoding against plain sampling.
+
+    python bench/dae.py --rows char-baseline,char-semhash,char-gumbel --threads 1
+    python bench/dae.py --rows diversity --threads 1        # after char-baseline and char-semhash
+
+Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
+trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
+not to convergence. The baseline is the same network with `--peek false` (c(s) masked out): equal capacity,
+as in the paper. DSAE = (log2 p - log2 p') / (b / K) with p, p' the test perplexities per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from seqlm.dsae import dsae_report
+from seqlm.train.loop import run_status
+from seqlm.train.run import train_from_cli
+
+from common import CHECKPOINTS, RESULTS, merge_rows, ptb_dir, row_parser
+
+COMMON = ["--layers", "2", "--d-model", "128", "--heads", "4", "--d-ff", "512", "--filter-size", "512",
+          "--k", "3", "--bits", "16", "--pretrain-steps", "100", "--optimizer", "adamw", "--schedule",
+          "warmup-cosine", "--warmup-steps", "50", "--lr", "0.001", "--min-lr", "0.001", "--max-epochs", "1",
+          "--max-minutes", "3.5"]
+ROWS = {
+    "char-baseline": ["--unit", "char", "--peek", "false"],
+    "char-semhash": ["--unit", "char"],
+    "char-semhash-local": ["--unit", "char", "--local", "true"],
+    "char-gumbel": ["--unit", "char", "--bottleneck", "gumbel"],
+    "word-baseline": ["--peek", "false"],
+    "word-semhash": [],
+    "word-gumbel": ["--bottleneck", "gumbel"],
+    "noise-0": ["--unit", "char", "--noise-std", "0"],
+    "noise-0.5": ["--unit", "char", "--noise-std", "0.5"],
+    "noise-1.0": ["--unit", "char", "--noise-std", "1.0"],  # = char-semhash's settings, its own run
+    "noise-1.5": ["--unit", "char", "--noise-std", "1.5"],
+}
+
+
+def _baseline(name: str) -> str:
+    return "word-baseline" if name.startswith("word") else "char-baseline"
+
+
+def _saved_rows() -> dict[str, dict]:
+    path = RESULTS / "dae.json"
+    return {r["name"]: r for r in json.loads(path.read_text())["rows"]} if path.exists() else {}
+
+
+def run_row(name: str, args: argparse.Namespace) -> dict:
+    out = CHECKPOINTS / "dae" / name
+    resumed = run_status(out)["epoch"] > 0
+    recipe = COMMON + ROWS[name]
+    if args.minutes:
+        recipe[recipe.index("--max-minutes") + 1] = str(args.minutes)
+    flags = recipe + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
+    result = train_from_cli("dae", str(ptb_dir()), str(out), None, flags, resume=resumed)
+    hist = run_status(out)["history"]
+    cfg = json.loads((out / "config.json").read_text())
+    unit = cfg["data"]["unit"]
+    row = {"name": name, "unit": unit, "recipe": " ".join(recipe), "test_ppl": result["test_ppl"],
+           "valid_ppl": result["valid_ppl"], "test_tokens": result["test_tokens"],
+           "train_minutes": sum(h["epoch_seconds"] for h in hist) / 60,
+           "train_tokens": sum(h["train_tokens"] for h in hist), "threads": args.threads, "resumed": resumed,
+           "config": cfg["model"]}
+    row["train_tokens_per_s"] = row["train_tokens"] / max(row["train_minutes"] * 60, 1e-9)
+    if unit == "char":
+        row["test_bpc"] = math.log2(result["test_ppl"])
+    base = _saved_rows().get(_baseline(name))
+    if name.endswith("baseline"):
+        row["dsae"] = None
+    elif base is None:
+        row["dsae"], row["note"] = None, f"run {_baseline(name)} first: DSAE needs its p"
+    else:
+        rep = dsae_report(base["test_ppl"], result["test_ppl"], cfg["model"]["bits"], 2 ** cfg["model"]["k"])
+        row.update({"dsae": rep["dsae"], "baseline": base["name"], "p": rep["p"], "p_prime": rep["p_prime"],
+                    "code_bits_per_token": rep["code_bits_per_token"], "log2_p": rep["log2_p"]})
+        if "caveat" in rep:
+            row["caveat"] = rep["caveat"]
+    return row
+
+
+# -- diversity ---------------------------------------------------------------------------------------------
+def distinct_2(sentences: list[list[str]]) -> float:
+    """Distinct bigrams over all bigrams of a set of sentences (Li et al. 2016)."""
+    grams = [tuple(s[i : i + 2]) for s in sentences for i in range(len(s) - 1)]
+    return len(set(grams)) / max(len(grams), 1)
+
+
+def _bleu(hyp: list[str], refs: list[list[str]], n_max: int = 4) -> float:
+    """Sentence BLEU-4 against several references, add-one smoothing for n > 1 (self-BLEU's building block)."""
+    if not hyp:
+        return 0.0
+    logs = 0.0
+    for n in range(1, n_max + 1):
+        h = Counter(tuple(hyp[i : i + n]) for i in range(len(hyp) - n + 1))
+        best: Counter = Counter()
+        for r in refs:
+            for g, c in Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1)).items():
+                best[g] = max(best[g], c)
+        match = sum(min(c, best[g]) for g, c in h.items())
+        total = max(sum(h.values()), 0)
+        add = 0 if n == 1 else 1
+        if match + add == 0 or total + add == 0:
+            return 0.0
+        logs += math.log((match + add) / (total + add)) / n_max
+    ref_len = min((abs(len(r) - len(hyp)), len(r)) for r in refs)[1]
+    bp = 1.0 if len(hyp) > ref_len else math.exp(1 - ref_len / len(hyp))
+    return bp * math.exp(logs)
+
+
+def self_bleu(sentences: list[list[str]]) -> float:
+    """Mean BLEU of each sentence against all the others: lower = more diverse (Zhu et al. 2018)."""
+    return sum(_bleu(s, sentences[:i] + sentences[i + 1 :]) for i, s in enumerate(sentences)) / len(sentences)
+
+
+def run_diversity(args: argparse.Namespace, n: int = 12, beam: int = 4) -> dict:
+    import seqlm
+    from seqlm.eval.generate import beam_search, decode_code, detokenize, sample
+
+    dae = seqlm.load(CHECKPOINTS / "dae" / "char-semhash")
+    base = seqlm.load(CHECKPOINTS / "dae" / "char-baseline")
+    gen = torch.Generator().manual_seed(0)
+    codes = dae.sample_codes(n, gen, dae.latent.context - 1)
+    latent_beam = [detokenize(dae.vocab.decode(decode_code(dae, c, beam, 300)[0].ids), "char") for c in codes]
+    sampled = [detokenize(s, "char") for s in sample(base, n, seed=0, max_len=300)]
+    start = base.step(torch.tensor([base.vocab.bos_id]), base.initial_state(1))
+    beams = [detokenize(base.vocab.decode(h.ids), "char") for h in beam_search(base, n, 300, start=start)]
+    sets = {"latent_then_beam": latent_beam, "baseline_sampling": sampled, "baseline_beam": beams}
+    row = {"name": "diversity", "n": n, "beam": beam, "models": "char-semhash (codes from its latent model, "
+           "beam-decoded) vs char-baseline (ancestral sampling; and its n-best beam)", "threads": args.threads}
+    for key, lines in sets.items():
+        words = [s.split() for s in lines]
+        row[f"{key}_distinct_2"] = distinct_2(words)
+        row[f"{key}_self_bleu"] = self_bleu(words)
+        row[f"{key}_samples"] = lines
+    row["codes"] = codes
+    return row
+
+
+def plot(path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in _saved_rows().values() if r.get("dsae") is not None]
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar([r["name"] for r in rows], [100 * r["dsae"] for r in rows], color="tab:blue")
+    ax.axhline(40, color="gray", ls="--", lw=1, label="issue's goal (char, semantic hashing)")
+    ax.set_ylabel("DSAE (%)")
+    ax.set_title("DSAE on PTB test, shortened CPU recipe (bench/dae.py)")
+    ax.legend(fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = row_parser(__doc__, "char-baseline,char-semhash,char-gumbel", "bf16")
+    p.add_argument("--minutes", type=float, default=0.0, help="replace the recipe's --max-minutes (stated in the row)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    for name in args.rows.split(","):
+        if name not in ROWS and name != "diversity":
+            sys.exit(f"unknown row {name}; choose from {', '.join(ROWS)}, diversity")
+        row = run_diversity(args) if name == "diversity" else run_row(name, args)
+        merge_rows("dae", [row])
+        print(json.dumps({k: v for k, v in row.items() if k != "config"}), flush=True)
+    plot(RESULTS / "dae.png")
+
+
+if __name__ == "__main__":
+    main()
