@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 import re
 from pathlib import Path
@@ -220,3 +221,24 @@ def test_cli_bad_lattices_are_one_line_errors(models, tmp_path, capsys):
         assert main(["rescore", str(models["kn3"]), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("seqlm: error:") and "\n" not in err
+
+
+def test_slf_base_and_words_map(tmp_path, models):
+    """base=10 scores are read as natural logs and written back in base 10; --map and --lowercase apply."""
+    text = (SMALL / "lattice.slf").read_text().replace("lmscale=12.3", "base=10.0 lmscale=12.3")
+    (tmp_path / "b10.slf").write_text(text)
+    b10, e = read_lattices(tmp_path / "b10.slf")[1][0], _slf()
+    assert all(abs(x.lm - y.lm * math.log(10)) < 1e-9 for x, y in zip(b10.arcs, e.arcs, strict=True))
+    write_lattices([b10], tmp_path / "back.slf", "slf")
+    assert "l=-87.29 " in (tmp_path / "back.slf").read_text()  # still base 10 in the file
+    model = seqlm.load(models["kn3"])
+    words = WordMap(model.vocab, lowercase=True, mapping={"DIDN'T": "it"})
+    assert words.token("DIDN'T") == model.vocab.id("it") and words.token("THE") == model.vocab.id("the")
+    assert words.token("zzz") == model.vocab.unk_id and words.unknown == {"zzz"}
+    assert words.token("!NULL") is None and words.token("<s>") is None and words.token("</s>") is None
+    mapping = tmp_path / "map.txt"
+    mapping.write_text("didn't it\n")
+    assert main(["rescore", str(models["kn3"]), "--lattice", str(SMALL / "lattice.slf"), "--map", str(mapping),
+                 "--best", str(tmp_path / "best.txt")]) == 0
+    best = (tmp_path / "best.txt").read_text().split()
+    assert best[0] == "utterance_123" and "didn't" in best  # every path has it: the lattice's spelling is kept
