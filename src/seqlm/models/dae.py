@@ -31,7 +31,7 @@ from seqlm.protocol import Batch
 
 
 def _dae_training() -> TrainConfig:
-    # rows of whole sentences, about batch_size x seq_len tokens a batch
+    # rows of whole sentences, about batch_size x seq_len tokens a batch (seq_len is not a row length here)
     return TrainConfig(optimizer="adamw", lr=1e-3, weight_decay=0.01, schedule="warmup-cosine", warmup_steps=100,
                        min_lr=1e-5, batch_size=16, seq_len=256, clip=1.0, max_epochs=10, precision="bf16")
 
@@ -58,8 +58,7 @@ class DAEConfig:
     peek: bool = True  # false: the sequence model cannot see c(s) (the equal-capacity baseline)
     latent_layers: int = 1  # latent model (predicts c(s) for sampling): Transformer blocks
     latent_d_model: int = 64  # latent model: hidden size
-    latent_share: float = 0.125  # share of each batch's rows the latent model trains on (a 2^b-way softmax a
-    # symbol is costly, and the model is needed only for sampling)
+    latent_share: float = 0.125  # share of a batch's rows the latent model learns from (it is costly, and only samples)
     train: TrainConfig = field(default_factory=_dae_training)
 
     def __post_init__(self) -> None:
