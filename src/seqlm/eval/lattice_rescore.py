@@ -47,6 +47,8 @@ def rescore_lattice(lat: Lattice, model, words: WordMap, lm_weight: float = 1.0,
         raise SeqlmError(f"with --lattice, --lm-weight is the new LM's share of l= (0..1), got {lm_weight}")
     if lmscale is not None:
         lat.lmscale = lmscale
+        if "lmscale" in lat.header:
+            lat.header["lmscale"] = repr(lmscale)  # the written lattice says what the 1-best used
     t0 = time.perf_counter()
     exp = expand(lat, model, words, merge_order, order, beam, max_states)
     out = exp.lattice
