@@ -40,7 +40,7 @@ from seqlm.nn.softmax import parameters_by_layer
 from seqlm.registry import Splits, family, new_model
 from seqlm.train.resume import run_status
 
-from common import CHECKPOINTS, merge_rows, row_parser
+from common import CHECKPOINTS, RESULTS, merge_rows, row_parser
 
 WORK = CHECKPOINTS / "sparse"
 CORPORA = {"gcide": {"min_count": 2, "base": 8000}, "ptb": {"min_count": 1, "base": 2000}}
@@ -54,6 +54,14 @@ VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "nce-zreg": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "regression"],
     # compressed models are trained as in the paper: NCE with ZRegression (a softmax over the rebuilt
     # V x H output matrix trains at a third of the full softmax's speed here, beyond this budget)
+    # (b) and (c) again over 4 epochs of the same text: the drift of log Z_h (the paper's Fig. 5)
+    "nce-4ep": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "one", "--max-epochs", "4",
+                "--min-improvement", "0"],
+    "nce-zreg-4ep": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "regression",
+                     "--max-epochs", "4", "--min-improvement", "0"],
+    # (c) with k noise words per position instead of one draw shared by the batch: speed and perplexity
+    "nce-zreg-token": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "regression",
+                       "--noise-sharing", "token"],
     "codes-cbias": ["--codes", "{codes}", "--objective", "nce", "--noise-samples", "100", "--normaliser", "regression"],
     "codes-ibias": ["--codes", "{codes}", "--code-bias", "true", "--objective", "nce", "--noise-samples", "100",
                     "--normaliser", "regression"],
@@ -223,13 +231,54 @@ def run_row(name: str, args) -> dict:
     return run_lstm(name, corpus, flags, args, extra)
 
 
+def plot(path: Path) -> Path:
+    """sparse.png: per corpus, test perplexity, embedding + output parameters and training speed of each row,
+    and the NCE rows' valid perplexity and log Z_h by epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = json.loads(path.read_text())["rows"]
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
+    for ax_row, corpus in zip(axes, ("gcide", "ptb"), strict=True):
+        mine = [r for r in rows if r.get("corpus") == corpus and r["name"] != "lstm-ptb"]
+        names = [r["name"].removeprefix(corpus + "-") for r in mine]
+        ax_row[0].bar(names, [r["test_ppl"] for r in mine])
+        ax_row[0].set(title=f"{corpus}: test perplexity (exact)", yscale="log")
+        lstm = [r for r in mine if r.get("embed_output_params")]
+        ax_row[1].bar([r["name"].removeprefix(corpus + "-") for r in lstm], [r["embed_output_params"] for r in lstm])
+        ax_row[1].set(title="embedding + output parameters", yscale="log")
+        ax_row[2].bar([r["name"].removeprefix(corpus + "-") for r in lstm], [r["train_words_per_s"] for r in lstm])
+        ax_row[2].set(title="training words/s (1 thread)", yscale="log")
+        for r in lstm:
+            z = [c for c in r["curve"] if "log_z_mean" in c]
+            if z:
+                ax_row[3].errorbar([c["epoch"] for c in z], [c["log_z_mean"] for c in z],
+                                   yerr=[c["log_z_std"] for c in z], marker="o", capsize=3,
+                                   label=r["name"].removeprefix(corpus + "-"))
+        ax_row[3].set(title="NCE rows: true log Z_h at validation (mean +- std)", xlabel="epoch")
+        ax_row[3].legend(fontsize=7)
+        for ax in ax_row[:3]:
+            ax.tick_params(axis="x", rotation=45, labelsize=7)
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def main() -> None:
     global WORK, EVAL_TOKENS
     p = row_parser(__doc__, "gcide-full,gcide-nce-zreg,gcide-codes-ibias", "fp32")
     p.add_argument("--train-tokens", type=int, help="override TRAIN_TOKENS (both corpora; for a quick check)")
     p.add_argument("--eval-tokens", type=int, help="override EVAL_TOKENS (for a quick check)")
     p.add_argument("--work", help="override the checkpoint folder (for a quick check)")
+    p.add_argument("--plot-only", action="store_true", help="only redraw sparse.png from sparse.json")
     args = p.parse_args()
+    if args.plot_only:
+        print(plot(RESULTS / "sparse.json"))
+        return
     if args.train_tokens:
         TRAIN_TOKENS.update(gcide=args.train_tokens, ptb=args.train_tokens)
     EVAL_TOKENS = args.eval_tokens or EVAL_TOKENS
@@ -245,7 +294,7 @@ def main() -> None:
         return
     for name in rows:
         row = run_row(name, args)
-        merge_rows("sparse", [row])
+        plot(merge_rows("sparse", [row]))
         print(json.dumps({k: row.get(k) for k in ("name", "test_ppl", "test_ppl_stream", "embed_output_params",
                                                   "train_words_per_s", "epochs")}), flush=True)
 
