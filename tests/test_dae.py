@@ -141,3 +141,16 @@ def test_cli_dae_train_eval_dsae_generate(tmp_path, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 2
     assert main(["generate", str(tmp_path / "dae"), "--latent", "3,16"]) == 2
     assert "--latent symbols" in capsys.readouterr().err
+
+
+def test_data_parallel_training_through_the_side_path(tmp_path):
+    """`--nproc 2`: every parameter must take part in every step, also while c(s) bypasses the bottleneck."""
+    from conftest import seqlm_cli
+
+    corpus = write_corpus(tmp_path / "c", n_train=60, n_eval=8)
+    r = seqlm_cli("train", "--model", "dae", "--data", corpus, "--out", tmp_path / "d", "--nproc", "2",
+                  "--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--k", "1", "--bits", "4",
+                  "--filter-size", "16", "--latent-d-model", "32", "--batch-size", "4", "--seq-len", "16",
+                  "--pretrain-steps", "1000", "--threads", "1", "--max-epochs", "1", SEQLM_CACHE=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["family"] == "dae"

@@ -64,5 +64,6 @@ class Compress(nn.Module):
         if self.training:
             self.trained += 1
             if int(self.trained) <= self.pretrain_steps:
-                dense = short  # the side path: no discretisation yet
+                dense = short + 0.0 * dense  # the side path: no discretisation yet (the bottleneck still gets
+                # a zero gradient: data-parallel training wants every parameter in the graph)
         return dense * m.unsqueeze(-1).to(dense.dtype), symbols.masked_fill(~m, 0), m
