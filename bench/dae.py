@@ -29,7 +29,7 @@ from seqlm.train.run import train_from_cli
 from common import CHECKPOINTS, RESULTS, merge_rows, ptb_dir, row_parser
 
 COMMON = ["--layers", "2", "--d-model", "128", "--heads", "4", "--d-ff", "512", "--filter-size", "512",
-          "--k", "3", "--bits", "16", "--pretrain-steps", "100", "--optimizer", "adamw", "--schedule",
+          "--k", "3", "--bits", "16", "--pretrain-steps", "40", "--optimizer", "adamw", "--schedule",
           "warmup-cosine", "--warmup-steps", "50", "--lr", "0.001", "--min-lr", "0.001", "--max-epochs", "1",
           "--max-minutes", "3.5"]
 ROWS = {
