@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio, odd
+FIB_INT = 0x9E3779B97F4A7C15  # 2^64 / golden ratio, odd
+FIB = np.uint64(FIB_INT)
 SMALL = 64  # below this many queries a plain loop beats the vectorised probe (one sentence, one decoder step)
 
 
@@ -71,15 +72,18 @@ def lookup(slots: np.ndarray, keys: np.ndarray, query: np.ndarray) -> np.ndarray
 
 def _lookup_each(slots: np.ndarray, keys: np.ndarray, queries: list[int]) -> list[int]:
     """`lookup` one query at a time, in Python integers: the same probe sequence."""
-    shift, fib, out = 64 - table_bits(len(keys)), int(FIB), []
-    for q in queries:
-        pos = ((q * fib) & 0xFFFFFFFFFFFFFFFF) >> shift if q >= 0 else -1
-        found = -1
-        while pos >= 0:
-            i = int(slots[pos])
-            if i < 0 or int(keys[i]) == q:
-                found = i
-                break
-            pos += 1
-        out.append(found)
-    return out
+    bits = table_bits(len(keys))
+    slots, keys = memoryview(np.ascontiguousarray(slots)), memoryview(np.ascontiguousarray(keys))  # fast items
+    return [probe(slots, keys, bits, q) for q in queries]
+
+
+def probe(slots: memoryview, keys: memoryview, bits: int, q: int) -> int:
+    """The id of key q (a Python int) by walking its probe sequence; -1 if absent or q < 0."""
+    if q < 0:
+        return -1
+    pos = ((q * FIB_INT) & 0xFFFFFFFFFFFFFFFF) >> (64 - bits)
+    while True:
+        i = slots[pos]
+        if i < 0 or keys[i] == q:
+            return i
+        pos += 1

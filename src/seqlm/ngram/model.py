@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from bisect import bisect_left
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from torch import Tensor
 from seqlm.data.vocab import BOS, EOS, UNK, Vocab
 from seqlm.errors import SeqlmError
 from seqlm.ngram.arpa import ArpaData, read_arpa, write_arpa
-from seqlm.ngram.index import lookup
+from seqlm.ngram.index import lookup, probe, table_bits
 from seqlm.protocol import Batch
 
 LN10 = math.log(10.0)
@@ -125,6 +126,44 @@ class NGramModel:
                 prev[starts] = -1
                 ctx = prev
         return logp, length
+
+    def score_word(self, context: tuple[int, ...], word: int) -> tuple[float, int, tuple[int, ...]]:
+        """`walk` for one token, in Python scalars (a decoder's step, a single sentence): far less
+        overhead than the array path on one token. context[k-1] is the id at order k of the k words
+        before `word` (-1 = not listed), as walk chains them. Returns log10 p, the matched length and
+        the context after `word`, cut to the matched length (KenLM's state minimisation)."""
+        V, views = self._scalar_views()
+        logp, length = views[0][1][word], 1
+        after = [word]
+        for k, c in enumerate(context[: self.order - 1], 1):  # c: id at order k, or -1
+            hit = -1
+            if c >= 0:
+                keys, probs, _, slots, bits = views[k]
+                if slots is not None:
+                    hit = probe(slots, keys, bits, c * V + word)
+                else:
+                    at = bisect_left(keys, c * V + word)
+                    hit = at if at < len(keys) and keys[at] == c * V + word else -1
+            if hit >= 0:
+                logp, length = probs[hit], k + 1
+            elif c >= 0:
+                logp += views[k - 1][2][c]
+            after.append(hit)
+        return logp, length, tuple(after[: min(length, self.order - 1)])
+
+    def _scalar_views(self) -> tuple[int, list[tuple]]:
+        """V, and per order memoryviews of keys, log10 p, back-off, hash slots (or None) and table bits."""
+        if getattr(self, "_views", None) is None:
+            def view(a):
+                return memoryview(np.ascontiguousarray(a)) if a is not None else None
+
+            self._views = len(self.vocab), [
+                (view(self.keys[k]), view(self.log10_prob[k]),
+                 view(self.log10_backoff[k]) if k < self.order - 1 else None,
+                 view(self.index[k]), table_bits(len(self.keys[k])))
+                for k in range(self.order)
+            ]
+        return self._views
 
     # ---- the LanguageModel protocol ------------------------------------------------------------
 

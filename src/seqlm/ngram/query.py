@@ -8,8 +8,10 @@
     m.BeginSentenceWrite(s); m.BaseScore(s, "the", t)   # incremental scoring for decoders
     m.score_corpus(["the cat sat", "a dog"])    # batched numpy path: one lookup per order for all tokens
 
-Every path goes through NGramModel.walk, so they cannot disagree; a binary model (binary.py) makes each
-lookup a hash probe instead of a binary search.
+Sentences and decoder steps go through NGramModel.score_word (Python scalars, one token at a time);
+whole corpora and the LanguageModel protocol through NGramModel.walk (one array lookup per order for all
+tokens); tests hold the two equal. A binary model (binary.py) makes each lookup a hash probe instead of
+a binary search.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from seqlm.ngram.model import NGramModel
 
 @dataclass
 class State:
-    """The words a decoder must remember: at most N-1 ids, oldest first, trimmed to the longest match.
-
-    Two states with equal `words` give identical scores from here on (hypotheses can be recombined).
+    """What a decoder must remember: `words[k-1]` is the id at order k of the n-gram of the last k
+    words (order 1: the last word's id; -1 where not listed), for k up to the longest n-gram matched
+    (at most N-1), as NGramModel.score_word keeps it. Two states with equal `words` give identical
+    scores from here on, so hypotheses can be recombined.
     """
 
     words: tuple[int, ...] = field(default_factory=tuple)
@@ -103,19 +106,11 @@ class NgramModel:
 
     def _score_ids(self, ids: np.ndarray, bos: bool) -> tuple[np.ndarray, np.ndarray]:
         """log10 p and matched length of each id, from <s> (bos) or from no context at all."""
-        if len(ids) == 0:
-            return np.zeros(0), np.zeros(0, dtype=np.int64)
-        if bos:
-            inputs = np.concatenate([[self.vocab.bos_id], ids[:-1]])[None]  # (1, T)
-            starts = np.zeros(inputs.shape, dtype=bool)
-            starts[0, 0] = True
-            logp, length = self.model.walk(inputs, starts, ids[None])
-            return logp[0], length[0]
-        first = np.array([self.model.log10_prob[0][ids[0]]], dtype=np.float64)
-        if len(ids) == 1:
-            return first, np.ones(1, dtype=np.int64)
-        logp, length = self.model.walk(ids[None, :-1], np.zeros((1, len(ids) - 1), dtype=bool), ids[None, 1:])
-        return np.concatenate([first, logp[0]]), np.concatenate([[1], length[0]])
+        context: tuple[int, ...] = (self.vocab.bos_id,) if bos else ()
+        logp, length = np.zeros(len(ids)), np.zeros(len(ids), dtype=np.int64)
+        for t, w in enumerate(ids.tolist()):
+            logp[t], length[t], context = self.model.score_word(context, w)
+        return logp, length
 
     # ---- incremental scoring (decoders) ---------------------------------------------------------
 
@@ -133,17 +128,7 @@ class NgramModel:
 
     def score_id(self, in_state: State, word_id: int, out_state: State) -> tuple[float, int]:
         """BaseScore on a word id; also returns the matched n-gram length (KenLM's FullScore)."""
-        hist = in_state.words
-        seq = np.array(hist + (word_id,), dtype=np.int64)
-        if not hist:
-            logp, length = float(self.model.log10_prob[0][word_id]), 1
-        else:
-            starts = np.zeros((1, len(hist)), dtype=bool)
-            starts[0, 0] = hist[0] == self.vocab.bos_id
-            lp, ln = self.model.walk(seq[None, :-1], starts, seq[None, 1:])
-            logp, length = float(lp[0, -1]), int(ln[0, -1])
-        keep = min(length, self.order - 1)
-        out_state.words = tuple(seq[len(seq) - keep:].tolist()) if keep else ()
+        logp, length, out_state.words = self.model.score_word(in_state.words, word_id)
         return logp, length
 
     # ---- whole corpora --------------------------------------------------------------------------
