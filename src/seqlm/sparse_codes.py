@@ -50,9 +50,10 @@ def _candidates(U: torch.Tensor, W: torch.Tensor, k: int) -> torch.Tensor:
     """(R, k) base indices most cosine-similar to each row of W."""
     if k == 0 or k >= U.shape[0]:
         return torch.arange(U.shape[0]).expand(W.shape[0], -1)
-    un = U / U.norm(dim=1, keepdim=True).clamp(min=1e-12)  # (B, E)
-    wn = W / W.norm(dim=1, keepdim=True).clamp(min=1e-12)  # (R, E)
-    return (wn @ un.T).topk(k, dim=1).indices  # (R, k)
+    un = (U / U.norm(dim=1, keepdim=True).clamp(min=1e-12)).float()  # (B, E)
+    wn = (W / W.norm(dim=1, keepdim=True).clamp(min=1e-12)).float()  # (R, E)
+    # in slices: the whole (R, B) similarity matrix would be 53k x 8k floats on GCIDE
+    return torch.cat([(part @ un.T).topk(k, dim=1).indices for part in wn.split(4096)])  # (R, k)
 
 
 def solve_codes(U: torch.Tensor, W: torch.Tensor, opt: CodeOptions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,8 +105,10 @@ def _solve_chunk(Uc: torch.Tensor, w: torch.Tensor, opt: CodeOptions) -> tuple[t
 
 def _fit_error(U: torch.Tensor, W: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
     """||U x - w||^2 / ||w||^2 per rare word (R,)."""
-    recon = (U.double()[idx] * vals.unsqueeze(2)).sum(1)  # (R, E)
-    return ((recon - W.double()) ** 2).sum(1) / (W.double() ** 2).sum(1).clamp(min=1e-12)
+    U, W = U.double(), W.double()
+    recon = torch.cat([(U[i] * v.unsqueeze(2)).sum(1) for i, v in zip(idx.split(2048), vals.split(2048),
+                                                                        strict=True)])  # (R, E), in slices
+    return ((recon - W) ** 2).sum(1) / (W**2).sum(1).clamp(min=1e-12)
 
 
 def sparse_codes(vectors: Path, out: Path, opt: CodeOptions, show: list[str] | None = None) -> dict:
