@@ -1,14 +1,18 @@
-"""N-gram language models: interpolated modified Kneser-Ney estimation (as KenLM's lmplz) and ARPA I/O.
+"""N-gram language models: interpolated modified Kneser-Ney estimation (as KenLM's lmplz), ARPA I/O,
+seqlm's memory-mapped binary format, pruning and a KenLM-style query API (docs/ngram.md).
 
-    from seqlm.ngram import NGramModel, estimate_model
+    from seqlm.ngram import NGramModel, NgramModel, estimate_model, read_binary, write_binary
     model = estimate_model(train_stream, vocab, order=5)    # vocab: the training Vocab (no <s>)
     model.to_arpa("model.arpa.gz")
+    write_binary(model, "model.bin")                        # mapped, not parsed, by read_binary
     model = NGramModel.from_arpa("kenlm.arpa")              # KenLM / SRILM / seqlm files
+    NgramModel("model.bin").score("the cat sat")            # kenlm.Model's interface
 """
 
 from __future__ import annotations
 
 from seqlm.ngram.arpa import ArpaData, read_arpa, write_arpa
+from seqlm.ngram.binary import read_binary, write_binary
 from seqlm.ngram.counts import NGramCounts, count_ngrams
 from seqlm.ngram.kneser_ney import (
     FALLBACK_DISCOUNTS,
@@ -21,6 +25,8 @@ from seqlm.ngram.kneser_ney import (
     interpolate,
 )
 from seqlm.ngram.model import NGramModel
+from seqlm.ngram.prune import prune_entropy
+from seqlm.ngram.query import NgramModel, State
 
 __all__ = [
     "FALLBACK_DISCOUNTS",
@@ -28,6 +34,8 @@ __all__ = [
     "Discount",
     "NGramCounts",
     "NGramModel",
+    "NgramModel",
+    "State",
     "adjust_counts",
     "compute_discounts",
     "count_ngrams",
@@ -35,6 +43,9 @@ __all__ = [
     "estimate_model",
     "initial_probabilities",
     "interpolate",
+    "prune_entropy",
     "read_arpa",
+    "read_binary",
     "write_arpa",
+    "write_binary",
 ]
