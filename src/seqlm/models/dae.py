@@ -118,7 +118,7 @@ class DAELM(nn.Module):
         dense, symbols, m = self.encode(batch)
         x, resets = self._prefixed(dense, m, self.lm.embed(batch.inputs))
         h = self.lm.windows(x, resets)[:, dense.shape[1] + 1 :]  # (B, T, D) the positions that predict s
-        logp = self.lm._target_logp(h, batch)  # (B, T)
+        logp = self.lm.target_logp(h, batch)  # (B, T)
         if not self.training:
             return logp, None
         loss = -logp

@@ -123,7 +123,7 @@ class TransformerLM(nn.Module):
         parts = [h[:, 0, n_hist:W]] + [h[:, k, W - S :] for k in range(1, len(firsts))]
         return torch.cat(parts, dim=1)[:, : L - n_hist]  # (B, L - n_hist, D)
 
-    def _target_logp(self, h: Tensor, batch: Batch) -> Tensor:
+    def target_logp(self, h: Tensor, batch: Batch) -> Tensor:
         # cross_entropy in the logits' own dtype: under bf16 autocast 2.5x faster on CPU than a float32
         # log_softmax + gather (whose backward fills a dense (B*T, V) gradient); evaluation runs in float32.
         logits = self.logits(h)  # (B, T, V)
@@ -133,7 +133,7 @@ class TransformerLM(nn.Module):
     # -- the protocol --------------------------------------------------------------------------------------
     def forward(self, batch: Batch, state: None = None) -> tuple[Tensor, None]:
         h = self.windows(self.embed(batch.inputs), batch.resets)  # (B, T, D)
-        return self._target_logp(h, batch), None
+        return self.target_logp(h, batch), None
 
     def score(self, batch: Batch) -> Tensor:
         return self(batch)[0]
@@ -147,7 +147,7 @@ class TransformerLM(nn.Module):
         n_hist = inputs.shape[1] - batch.inputs.shape[1]
         h = self.windows(self.embed(inputs), resets, n_hist)  # (B, T, D)
         keep = self.context - self.stride
-        return self._target_logp(h, batch), inputs[:, -keep:]
+        return self.target_logp(h, batch), inputs[:, -keep:]
 
     def initial_state(self, batch_size: int) -> tuple[Tensor, Tensor, Tensor]:
         """(inputs read in the current window (B, n), keys and values (B, layers, heads, n, head_dim))."""
