@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -33,6 +34,11 @@ RECIPES = {
     "transformer-ptb": ["--context", "128", "--seq-len", "128", "--batch-size", "16", "--optimizer", "adamw",
                         "--weight-decay", "0.01", "--schedule", "warmup-cosine", "--warmup-steps", "100",
                         "--lr", "0.001", "--min-lr", "0.00001", "--max-epochs", "3", "--max-minutes", "19"],
+    # the same, trained with packed sentences attending to earlier ones: the model for stream mode
+    "transformer-ptb-cross": ["--cross-sentence", "true", "--context", "128", "--seq-len", "128", "--batch-size",
+                              "16", "--optimizer", "adamw", "--weight-decay", "0.01", "--schedule", "warmup-cosine",
+                              "--warmup-steps", "100", "--lr", "0.001", "--min-lr", "0.00001", "--max-epochs", "3",
+                              "--max-minutes", "19"],
     # a quarter of an epoch at a constant rate: a cosine planned over whole epochs would barely decay in 5 minutes
     "transformer-ptb-char": ["--unit", "char", "--context", "256", "--seq-len", "256", "--batch-size", "16",
                              "--optimizer", "adam", "--lr", "0.001", "--max-epochs", "1", "--max-minutes", "5"],
@@ -49,6 +55,57 @@ def flops_per_token(cfg: dict, vocab: int) -> tuple[float, list[tuple[int, int, 
     rows = cfg["train"]["batch_size"] * W
     shapes = [(rows, d, 3 * d), (rows, d, d), (rows, d, ff), (rows, ff, d), (rows, d, vocab)]
     return 6.0 * macs, shapes
+
+
+def _tokens_per_s(cfg, vocab, stream, seconds: float) -> float:
+    """Training tokens/s of the recipe's model from scratch: its batches, its step, bf16 autocast, AdamW."""
+    import numpy as np
+
+    from seqlm.registry import family, new_model
+    from seqlm.train.optim import build_optimizer
+
+    fam = family("transformer")
+    model = new_model("transformer", cfg, vocab)
+    opt = build_optimizer(model, cfg.train)
+    tokens, t0 = 0, None
+    for i, batch in enumerate(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1))):
+        if i == 3:  # warm-up steps excluded
+            t0, tokens = time.perf_counter(), 0
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _, n = fam.step(model, batch, None)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
+        opt.step()
+        tokens += n
+        if t0 is not None and time.perf_counter() - t0 > seconds:
+            return tokens / (time.perf_counter() - t0)
+    raise SystemExit("the training text ran out before the timing did")
+
+
+def run_speed(args: argparse.Namespace, rounds: int = 3, seconds: float = 20.0) -> dict:
+    """The word recipe's training speed against the bf16 matmul ceiling, each ceiling measured right after its
+    timing (the machine's load changes by the minute: only a ratio taken in the same minute means something)."""
+    from seqlm.config import DataConfig, apply_overrides
+    from seqlm.data.corpus import build_vocab
+    from seqlm.models.transformer import TransformerConfig
+
+    cfg = TransformerConfig()
+    apply_overrides([cfg, DataConfig()], {k.lstrip("-"): v for k, v in zip(RECIPES["transformer-ptb"][::2],
+                                                                           RECIPES["transformer-ptb"][1::2])})
+    path = split_path(ptb_dir(), "train")
+    vocab = build_vocab(path)
+    stream = encode_file(path, vocab)
+    fpt, shapes = flops_per_token(asdict(cfg), len(vocab))
+    fractions, speeds, ceilings = [], [], []
+    for _ in range(rounds):
+        speeds.append(_tokens_per_s(cfg, vocab, stream, seconds))
+        ceilings.append(matmul_gflops(shapes, torch.bfloat16))
+        fractions.append(fpt * speeds[-1] / 1e9 / ceilings[-1])
+    return {"name": "transformer-speed", "recipe": " ".join(RECIPES["transformer-ptb"]), "rounds": rounds,
+            "seconds_per_round": seconds, "train_tokens_per_s": speeds, "matmul_ceiling_gflops": ceilings,
+            "flops_per_token": fpt, "fraction_of_ceiling": fractions,
+            "median_fraction_of_ceiling": sorted(fractions)[rounds // 2], "threads": args.threads}
 
 
 def run_row(name: str, args: argparse.Namespace) -> dict:
@@ -99,11 +156,12 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.rows.split(","):
-        if name not in RECIPES:
-            sys.exit(f"unknown row {name}; choose from {', '.join(RECIPES)}")
-        row = run_row(name, args)
+        if name not in RECIPES and name != "transformer-speed":
+            sys.exit(f"unknown row {name}; choose from {', '.join(RECIPES)}, transformer-speed")
+        row = run_speed(args) if name == "transformer-speed" else run_row(name, args)
         merge_rows("transformer_ptb", [row])
-        merge_rows("dae", [row])  # the issue's table reads these two rows next to the autoencoder rows
+        if name in RECIPES:
+            merge_rows("dae", [row])  # the issue's table reads these two rows next to the autoencoder rows
         print(json.dumps({k: row[k] for k in row if k not in ("config", "valid_curve")}), flush=True)
 
 

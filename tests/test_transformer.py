@@ -72,6 +72,23 @@ def test_packed_sentences_do_not_see_each_other():
     assert torch.allclose(packed, alone, atol=1e-5)
 
 
+def test_cross_sentence_training_lets_packed_sentences_see_earlier_ones():
+    torch.manual_seed(0)
+    vocab = Vocab(["</s>", "<unk>"] + [f"w{i}" for i in range(11)])
+    cfg = TransformerConfig(layers=1, d_model=16, heads=2, d_ff=32, context=16, dropout=0.0, cross_sentence=True)
+    model = build_transformer(cfg, vocab)
+    s1, s2 = [3, 5, 2, 0], [7, 9, 4, 8, 0]
+    packed = _batch(s1 + s2, resets=[len(s1)])
+    with torch.no_grad():
+        train_mode = model.train()(packed)[0][0]
+        alone = torch.cat([model.eval().score(_batch(s1))[0], model.score(_batch(s2))[0]])
+        stream, _ = model.score_stream(_batch(s1 + s2), None)  # no reset: </s> then the next sentence
+    assert torch.allclose(train_mode[:4], alone[:4], atol=1e-5)  # the first sentence: nothing before it
+    assert not torch.allclose(train_mode[4:], alone[4:], atol=1e-3)  # the second one sees the first ...
+    assert torch.allclose(train_mode, stream[0], atol=1e-5)  # ... exactly as stream mode shows it
+    assert torch.allclose(model.score(packed)[0], alone, atol=1e-5)  # evaluation keeps sentences apart
+
+
 def _window_reference(model, ids: list[int]) -> torch.Tensor:
     """Brute force: each target scored by running the network on its own window alone (module docstring)."""
     W, S = model.context, model.stride

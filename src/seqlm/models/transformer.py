@@ -50,6 +50,7 @@ class TransformerConfig:
     positions: str = "learned"  # learned | sinusoidal
     tie_embeddings: bool = True  # output softmax weights = input embeddings
     dropout: float = 0.1  # on embeddings, attention weights and sub-layer outputs
+    cross_sentence: bool = False  # training: packed sentences attend to earlier ones (a model for stream mode)
     train: TrainConfig = field(default_factory=_transformer_training)
 
     def __post_init__(self) -> None:
@@ -72,9 +73,9 @@ class TransformerConfig:
 
 class TransformerLM(nn.Module):
     def __init__(self, vocab: Vocab, layers: int, d_model: int, heads: int, d_ff: int, context: int, stride: int,
-                 positions: str, tie_embeddings: bool, dropout: float):
+                 positions: str, tie_embeddings: bool, dropout: float, cross_sentence: bool = False):
         super().__init__()
-        self.vocab, self.context, self.stride = vocab, context, stride
+        self.vocab, self.context, self.stride, self.cross_sentence = vocab, context, stride, cross_sentence
         self.embed = nn.Embedding(len(vocab), d_model)
         if positions == "learned":
             self.pos = nn.Parameter(torch.zeros(context, d_model))
@@ -132,7 +133,10 @@ class TransformerLM(nn.Module):
 
     # -- the protocol --------------------------------------------------------------------------------------
     def forward(self, batch: Batch, state: None = None) -> tuple[Tensor, None]:
-        h = self.windows(self.embed(batch.inputs), batch.resets)  # (B, T, D)
+        resets = batch.resets
+        if self.training and self.cross_sentence:  # what stream mode shows the model: </s> then the next sentence
+            resets = torch.zeros_like(resets)
+        h = self.windows(self.embed(batch.inputs), resets)  # (B, T, D)
         return self.target_logp(h, batch), None
 
     def score(self, batch: Batch) -> Tensor:
@@ -199,4 +203,4 @@ def _init(m: nn.Module) -> None:
 def build_transformer(cfg: TransformerConfig, vocab: Vocab) -> TransformerLM:
     return TransformerLM(vocab, layers=cfg.layers, d_model=cfg.d_model, heads=cfg.heads, d_ff=cfg.d_ff,
                          context=cfg.context, stride=cfg.window_stride, positions=cfg.positions,
-                         tie_embeddings=cfg.tie_embeddings, dropout=cfg.dropout)
+                         tie_embeddings=cfg.tie_embeddings, dropout=cfg.dropout, cross_sentence=cfg.cross_sentence)
