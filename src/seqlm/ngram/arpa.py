@@ -169,21 +169,21 @@ def _parse(path: Path) -> ArpaData:
     return ArpaData(tokens, grams, probs, backoffs)
 
 
-def _format(x: np.ndarray) -> list[str]:
-    """Shortest text that reads back as the same float32 (like KenLM); each distinct value formatted once."""
+def _format(x: np.ndarray) -> np.ndarray:
+    """Shortest text that reads back as the same float32 (like KenLM); each distinct value formatted once.
+
+    Returns an object array of str (gathered by numpy, which is faster than a Python list lookup)."""
     uniq, inverse = np.unique(x.astype(np.float32), return_inverse=True)
-    text = [str(v) for v in uniq]
-    return [text[j] for j in inverse.tolist()]
+    return np.array([str(v) for v in uniq] + [""], dtype=object)[:-1][inverse]
 
 
-def _gram_strings(tokens: list[str], keys: list[np.ndarray]) -> list[list[str]]:
-    """Text of every n-gram, built order by order as prefix text + ' ' + last word."""
+def _gram_strings(tokens: list[str], keys: list[np.ndarray]) -> list[np.ndarray]:
+    """Text of every n-gram, built order by order as prefix text + ' ' + last word (object arrays of str)."""
     V = len(tokens)
-    out = [tokens]
+    out = [np.array(tokens + [""], dtype=object)[:-1]]  # (V,) the extra "" keeps numpy from splitting strings
+    spaced = " " + out[0]  # (V,) " word"
     for k in range(2, len(keys) + 1):
-        prev = out[-1]
-        prefix, word = (keys[k - 1] // V).tolist(), (keys[k - 1] % V).tolist()
-        out.append([f"{prev[p]} {tokens[w]}" for p, w in zip(prefix, word, strict=True)])
+        out.append(out[-1][keys[k - 1] // V] + spaced[keys[k - 1] % V])  # (M_k,)
     return out
 
 
@@ -204,9 +204,9 @@ def write_arpa(
             f.write("\\data\\\n" + "".join(f"ngram {k}={len(g)}\n" for k, g in enumerate(grams, 1)))
             for k in range(1, order + 1):
                 f.write(f"\n\\{k}-grams:\n")
-                columns = [_format(log10_prob[k - 1]), grams[k - 1]]
+                columns = [_format(log10_prob[k - 1]).tolist(), grams[k - 1].tolist()]
                 if k < order:
-                    columns.append(_format(log10_backoff[k - 1]))
+                    columns.append(_format(log10_backoff[k - 1]).tolist())
                 f.write("\n".join(map("\t".join, zip(*columns, strict=True))))
                 f.write("\n")
             f.write("\n\\end\\\n")
