@@ -33,11 +33,11 @@ import torch
 
 from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir
 
-MODEL = ["--model", "fnn", "--order", "3", "--embed", "200", "--hidden", "400", "--layers", "2", "--bptt", "200"]
+MODEL = ["--model", "fnn", "--order", "3", "--embed", "200", "--hidden", "400", "--layers", "2", "--seq-len", "200"]
 # Training FLOPs per token of that model: 6 per multiply-add (forward 2, backward 4) of
 # (n-1)E*H + H*H + H*V = 400*400 + 400*400 + 400*10000 (docs/scaling.md, cost model).
 FLOPS_PER_TOKEN = 6 * (400 * 400 + 400 * 400 + 400 * 10_000)
-RNN = ["--model", "rnn", "--hidden", "200", "--bptt", "20"]  # the RNNLM issue's class-output H = 200 model
+RNN = ["--model", "rnn", "--hidden", "200", "--seq-len", "20"]  # the RNNLM issue's class-output H = 200 model
 ROWS = {  # name: (processes, rows per process, model, threads per process)
     "ddp-1": (1, 16, MODEL, 1),
     "ddp-2": (2, 8, MODEL, 1),
@@ -68,7 +68,7 @@ def synthetic_corpus(dest: Path, tokens: int = 930_000, vocab: int = 10_000, see
 
 def run_row(name: str, data: Path, seconds: float) -> dict:
     nproc, rows, model, threads = ROWS[name]
-    width = int(model[model.index("--bptt") + 1])
+    width = int(model[model.index("--seq-len") + 1])
     out = CHECKPOINTS / "ddp" / name
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "seqlm", "train", "--data", str(data), "--out", str(out), *model,

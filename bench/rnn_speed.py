@@ -49,7 +49,7 @@ def main() -> None:
         key = f"{output}-b{batch}"
         rows[key] = {"name": f"rnn-h{args.hidden}-{key}-speed", "train_tokens_per_s": words_s,
                      "eval_tokens_per_s": eval_s, "threads": args.threads, "batch_size": batch,
-                     "bptt": cfg.train.bptt, "optimizer": cfg.train.optimizer,
+                     "seq_len": cfg.train.seq_len, "optimizer": cfg.train.optimizer,
                      "train_speed_vs_faster_rnnlm": words_s / FASTER_RNNLM_WORDS_PER_S}
         print(rows[key], flush=True)
     H, V, B = args.hidden, len(vocab), 64 * 20

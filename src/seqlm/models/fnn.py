@@ -24,7 +24,7 @@ from seqlm.protocol import Batch
 def fofe_paper_training() -> TrainConfig:
     # fofe-fnnlm.txt Sec. 4: SGD, mini-batch 200, lr 0.4, keep it while valid ppl drops by >= 1,
     # then six more epochs halving it each epoch.
-    return TrainConfig(optimizer="sgd", lr=0.4, batch_size=1, bptt=200, min_improvement=1.0, halving_epochs=6)
+    return TrainConfig(optimizer="sgd", lr=0.4, batch_size=1, seq_len=200, min_improvement=1.0, halving_epochs=6)
 
 
 @dataclass
