@@ -20,6 +20,7 @@ are estimated on PTB train here.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ from seqlm.models.afp import with_iterations
 
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
-AMI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lattices" / "ami"
+AMI = Path(os.environ.get("SEQLM_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "lattices" / "ami"
 SENTENCES, COMPETITORS, SIGMA, BONUS, SEED, LMSCALE, MERGE, NBEST = 50, 2, 2.0, 1.0, 1, 1.0, 3, 100
 
 
@@ -68,6 +69,8 @@ def afp_models(afp_dir: Path) -> dict:
 
 def ami_row(models: dict, args) -> dict:
     lats = [(p.name, read_lattices(p)[1][0]) for p in sorted(AMI.glob("*.lat.gz"))]
+    if len(lats) != 8:
+        sys.exit(f"expected the 8 AMI lattices in {AMI}, found {len(lats)}: set SEQLM_DATA")
     results = {}
     for name, (model, source) in models.items():
         if name.startswith("afp-k") and int(name[5:]) > 4:
