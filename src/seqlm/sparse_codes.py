@@ -57,35 +57,34 @@ def _candidates(U: torch.Tensor, W: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def solve_codes(U: torch.Tensor, W: torch.Tensor, opt: CodeOptions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Codes of the rows of W (R, E) over base vectors U (B, E): (indices (R, K), values (R, K)) after
-    thresholding (zero values are entries dropped), and which words kept their starting point (R,).
+    """Codes of the rows of W (R, E) over base vectors U (B, E): (indices (R, K), values (R, K); zero values
+    are entries dropped), and which words took the single-base-word code instead (R,) (see _solve_chunk).
     Float64 throughout: the problems are small."""
     U, W = U.double(), W.double()
     idx = _candidates(U, W, opt.candidates)  # (R, K)
     vals = torch.empty(idx.shape, dtype=torch.float64)
-    start = torch.empty(idx.shape, dtype=torch.float64)
+    single = torch.empty(idx.shape[0], dtype=torch.bool)
     for lo in range(0, W.shape[0], opt.chunk):
         sl = slice(lo, lo + opt.chunk)
-        vals[sl], start[sl] = _solve_chunk(U[idx[sl]], W[sl], opt)  # U[idx] (n, K, E)
-    # A word the vectors cannot fit well can lose its whole code: the adaptive l1 weight L/R1 grows as x
-    # shrinks. Such a word keeps its (non-negative least-squares) starting point instead: counted in the report.
-    lost = ~(vals > 0).any(dim=1)  # (R,)
-    vals = torch.where(lost.unsqueeze(1), start, vals)
-    keep = vals >= opt.threshold * vals.max(dim=1, keepdim=True).values  # (R, K)
-    return idx, torch.where(keep & (vals > 0), vals, torch.zeros_like(vals)), lost
+        vals[sl], single[sl] = _solve_chunk(U[idx[sl]], W[sl], opt)  # U[idx] (n, K, E)
+    return idx, vals, single
 
 
 def _solve_chunk(Uc: torch.Tensor, w: torch.Tensor, opt: CodeOptions) -> tuple[torch.Tensor, torch.Tensor]:
-    """Objective (5) for n words at once: Uc (n, K, E) candidate vectors, w (n, E) -> x (n, K) and the
-    starting point (n, K)."""
+    """Objective (5) for n words at once: Uc (n, K, E) candidate vectors, w (n, E) -> thresholded codes
+    (n, K), and (n,) whether the single-base-word code replaced the optimised one.
+
+    With the adaptive l1 weight L/R1 a word the vectors cannot fit well can lose its code (x -> 0 is a fixed
+    point: the weight grows as x shrinks), ending with a useless near-zero code. So every word's result is
+    compared with the best code of one base word (the most similar candidate, scaled to fit: relative fit
+    error 1 - cos^2 < 1), and the word keeps whichever fits better; the report counts the replacements."""
     G = Uc @ Uc.transpose(1, 2)  # (n, K, K)
     c = (Uc @ w.unsqueeze(2)).squeeze(2)  # (n, K)
     ww = (w * w).sum(1)  # (n,)
     # start from the least-squares fit over the candidates (a little ridge: K may exceed E), clipped:
-    # from a start far from any fit, the adaptive l1 weight L/R1 outgrows the fit and x collapses to 0
+    # from a start far from any fit, the adaptive l1 weight outgrows the fit at once
     ridge = 1e-3 * G.diagonal(dim1=1, dim2=2).mean(1).view(-1, 1, 1) * torch.eye(G.shape[1], dtype=G.dtype)
-    x0 = torch.linalg.solve(G + ridge, c.unsqueeze(2)).squeeze(2).clamp(min=0.0)  # (n, K)
-    x = x0.clone().requires_grad_(True)
+    x = torch.linalg.solve(G + ridge, c.unsqueeze(2)).squeeze(2).clamp(min=0.0).requires_grad_(True)  # (n, K)
     adam = torch.optim.Adam([x], lr=opt.lr)
     alpha = beta = torch.zeros_like(ww)
     for t in range(opt.steps):
@@ -100,7 +99,18 @@ def _solve_chunk(Uc: torch.Tensor, w: torch.Tensor, opt: CodeOptions) -> tuple[t
         adam.step()
         with torch.no_grad():
             x.clamp_(min=0.0)  # non-negative codes: clip after each step (Sec. 3.1)
-    return x.detach(), x0
+    x = x.detach()
+    x = torch.where(x >= opt.threshold * x.max(dim=1, keepdim=True).values, x, torch.zeros_like(x))  # (n, K)
+    gdiag = G.diagonal(dim1=1, dim2=2).clamp(min=1e-12)  # (n, K)
+    best = (c.clamp(min=0) ** 2 / gdiag).argmax(1, keepdim=True)  # (n, 1) the candidate fitting alone best
+    one = torch.zeros_like(x).scatter_(1, best, (c.gather(1, best) / gdiag.gather(1, best)).clamp(min=0))
+    single = _fit(G, c, ww, one) < _fit(G, c, ww, x)  # (n,)
+    return torch.where(single.unsqueeze(1), one, x), single
+
+
+def _fit(G: torch.Tensor, c: torch.Tensor, ww: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """||U x - w||^2 through the Gram matrix: x^T G x - 2 c^T x + ||w||^2, (n,)."""
+    return ((G @ x.unsqueeze(2)).squeeze(2) * x).sum(1) - 2 * (c * x).sum(1) + ww
 
 
 def _fit_error(U: torch.Tensor, W: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
@@ -125,14 +135,14 @@ def sparse_codes(vectors: Path, out: Path, opt: CodeOptions, show: list[str] | N
             raise SeqlmError(f"--{name} must be at least 1, got {getattr(opt, name)}")
     t0 = time.time()
     U, W = torch.from_numpy(vecs[: opt.base]), torch.from_numpy(vecs[opt.base :])
-    idx, vals, lost = solve_codes(U, W, opt)
+    idx, vals, single = solve_codes(U, W, opt)
     book = CodeBook(words[: opt.base], {w: [(i, 1.0)] for i, w in enumerate(words[: opt.base])})
     for r, w in enumerate(words[opt.base :]):
         nz = torch.nonzero(vals[r]).flatten().tolist()
         book.codes[w] = sorted(((int(idx[r, j]), float(vals[r, j])) for j in nz), key=lambda p: -p[1])
     book.write(out)
     report = _report(book, words, opt, _fit_error(U, W, idx, vals), show, time.time() - t0)
-    report["kept_starting_point"] = int(lost.sum())  # words whose optimised code vanished (see solve_codes)
+    report["single_base_word"] = int(single.sum())  # words whose optimised code fitted worse (see _solve_chunk)
     atomic_write_text(Path(str(out) + ".report.json"), json.dumps(report, indent=2) + "\n")
     return report
 
