@@ -318,12 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "total = acoustic + lm_weight * lm - word_penalty * words - oov_penalty * oovs. "
                                     "See docs/combination.md.")
     rs.add_argument("model_dir", help="model directory (or an .arpa file)")
-    rs.add_argument("--nbest", help="hypotheses, one per line: uttid-N word word ...")
+    rs.add_argument("--nbest", help="hypotheses, one per line: uttid-N word word ... "
+                    "(with --lattice: N, list the N best paths of each lattice)")
     rs.add_argument("--acoustic", help="with --nbest: lines 'uttid-N score'")
     rs.add_argument("--lm-scores", help="with --nbest: the old LM scores, lines 'uttid-N score'")
     rs.add_argument("--tsv", help="instead: one TSV file with columns key, acoustic, lm, text")
     rs.add_argument("--costs", action="store_true", help="scores are costs (-ln p), in the input and the output")
-    rs.add_argument("--lm-weight", type=float, default=1.0, help="scale of the LM score in the total")
+    rs.add_argument("--lm-weight", type=float, default=1.0, help="scale of the LM score in the total (with --lattice: "
+                    "the new LM's share W of l= = W new + (1 - W) old)")
     rs.add_argument("--word-penalty", type=float, default=0.0, help="subtracted from the total per word")
     rs.add_argument("--oov-penalty", type=float, default=0.0, metavar="P",
                     help="subtracted from the total per word outside the model's vocabulary (nats; column oov)")
