@@ -20,6 +20,7 @@ Rows resume from their epoch checkpoints in bench/checkpoints/afp_ptb/ROW.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 
@@ -42,6 +43,9 @@ EPOCHS = 3
 MODEL = ["--hidden", "200", "--output", "class", "--dropout", "0.3"]
 KS = (1, 2, 3, 4, 6, 8)
 ROWS = {"bptt": ("rnn", ["--tau", "5"])} | {f"afp-k{k}": ("afp", ["--iterations", str(k)]) for k in KS}
+# two more epochs for the BPTT model and AFP-4, continuing their 3-epoch checkpoints: does the gap close?
+LONGER = {"bptt-e5": ("bptt", 5), "afp-k4-e5": ("afp-k4", 5)}
+ROWS |= {name: ROWS[src] for name, (src, _) in LONGER.items()}
 RECIPE = (f"shortened: {EPOCHS} epochs of full PTB train (rnn recipe: Adam lr 0.003, 64 x 20 batches, clip 1), "
           "H 200, class output, sigmoid, dropout 0.3; the same for bptt and every afp row")
 
@@ -53,11 +57,14 @@ def _out(name: str):
 def train_row(name: str, args) -> tuple[object, dict]:
     fam, opts = ROWS[name]
     out = _out(name)
+    src, epochs = LONGER.get(name, (None, EPOCHS))
+    if src and not out.exists():
+        shutil.copytree(_out(src), out)  # continue the 3-epoch row's run (its checkpoint) for more epochs
     status = run_status(out)
     resumed = status["epoch"] > 0
     if not status["done"]:
         argv = ["train", "--model", fam, "--data", str(ptb_dir()), "--out", str(out), *MODEL, *opts,
-                "--max-epochs", str(EPOCHS), "--threads", str(args.threads), "--device", args.device,
+                "--max-epochs", str(epochs), "--threads", str(args.threads), "--device", args.device,
                 *(["--resume"] if resumed else [])]
         if seqlm_main(argv) != 0:
             sys.exit(f"training {name} failed")
@@ -66,7 +73,8 @@ def train_row(name: str, args) -> tuple[object, dict]:
     secs = sum(h["epoch_seconds"] for h in hist)
     info = {"epochs": status["epoch"], "finished": status["done"], "train_seconds": secs,
             "train_tokens_per_s": sum(h["train_tokens"] for h in hist) / max(secs, 1e-9),
-            "valid_curve": [h["valid_ppl"] for h in hist], "recipe": RECIPE, "resumed": resumed,
+            "valid_curve": [h["valid_ppl"] for h in hist], "resumed": resumed,
+            "recipe": RECIPE if not src else RECIPE.replace(f"{EPOCHS} epochs", f"{epochs} epochs (continuing {src})"),
             "config": json.loads((out / "config.json").read_text())["model"]}
     return seqlm.load(out), info
 
@@ -79,12 +87,12 @@ def run_model_row(name: str, args) -> dict:
     model, info = train_row(name, args)
     test = encode_file(ptb_dir() / "test.txt", model.vocab)
     exact = with_iterations(model, None)
-    row = {"name": name, "iterations": model.iterations if name != "bptt" else "exact",
+    row = {"name": name, "iterations": model.iterations if not name.startswith("bptt") else "exact",
            "test_ppl": ppl(model, test), "test_ppl_stream": ppl(model, test, True),
            "test_ppl_exact": ppl(exact, test), "test_ppl_exact_stream": ppl(exact, test, True),
            "valid_ppl": info["valid_curve"][-1] if info["valid_curve"] else None, **info,
            "params": sum(p.numel() for p in model.parameters()), "threads": args.threads}
-    if name == "bptt":  # the BPTT model under every K the afp rows use
+    if name.startswith("bptt"):  # the BPTT model under every K the afp rows use
         row["test_ppl_at_k"] = {str(k): ppl(with_iterations(model, k), test) for k in KS}
         row["test_ppl_stream_at_k"] = {str(k): ppl(with_iterations(model, k), test, True) for k in KS}
     return row
@@ -174,7 +182,7 @@ def plot() -> None:
     rows = {r["name"]: r for r in json.loads(path.read_text())["rows"]}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     ax = axes[0]
-    afp = sorted((r["iterations"], r) for n, r in rows.items() if n.startswith("afp-k"))
+    afp = sorted((r["iterations"], r) for n, r in rows.items() if n.startswith("afp-k") and n not in LONGER)
     if afp:
         ks = [k for k, _ in afp]
         ax.plot(ks, [r["test_ppl"] for _, r in afp], "o-", label="AFP-K trained, eval at K")
