@@ -3,7 +3,8 @@
 Usage: .venv/bin/python bench/kn_scale.py --rows ptb-kn3,ptb-kn5,gcide-kn3,gcide-kn5,gcide-kn5-memory,scaling
        (KenLM's lmplz / build_binary / query from $KENLM_BIN or PATH; the `kenlm` Python module if installed)
 
-Every measurement runs in a fresh process (so peak RSS is that step's own, read from wait4's rusage):
+Every measurement runs in a fresh process, started through GNU time so its peak RSS is its own (Linux
+keeps a peak RSS across exec: a child of this process would report at least this process's RSS):
 - seqlm estimation: text -> vocabulary -> ids (a fresh id cache, so reading the text is counted) ->
   counts -> model (`estimate_seconds`, `peak_rss_mb` right after it), then the ARPA and the binary
   written (`arpa_write_seconds`, `binary_write_seconds`); `to_arpa_seconds` is text -> ARPA, the span
@@ -141,13 +142,22 @@ def _lines(path: Path) -> list[str]:
 # ---- the parent: runs the steps, measures wall time and peak RSS per process ----------------------------
 
 
+GNU_TIME = Path("/usr/bin/time")
+
+
 def run_measured(cmd: list[str], stdin: Path | None = None, stdout: Path | None = None) -> tuple[float, float, str]:
-    """Run cmd; (wall seconds, peak RSS MB of that process alone, from wait4; its stdout unless redirected)."""
-    with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
+    """Run cmd; (wall seconds, peak RSS MB of that program alone, its stdout unless redirected).
+
+    The peak comes from GNU time, which starts the program from its own small process: Linux keeps a
+    process's peak RSS across exec, so a program started straight from this (large) Python process
+    would report at least this process's RSS. Without GNU time the peak is wait4's and says so."""
+    with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out, tempfile.NamedTemporaryFile() as peak:
         fin = open(stdin, "rb") if stdin else subprocess.DEVNULL
         fout = open(stdout, "wb") if stdout else out
+        timed = GNU_TIME.is_file()
+        full = [str(GNU_TIME), "-f", "%M", "-o", peak.name, *cmd] if timed else cmd
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=err)
+        p = subprocess.Popen(full, stdin=fin, stdout=fout, stderr=err)
         _, status, usage = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
@@ -157,8 +167,9 @@ def run_measured(cmd: list[str], stdin: Path | None = None, stdout: Path | None 
         if p.returncode != 0:
             err.seek(0)
             raise SystemExit(f"{cmd[0]} failed ({p.returncode}): {err.read().decode(errors='replace')[-2000:]}")
+        rss = int(Path(peak.name).read_text().split()[-1]) / 1024 if timed else float("nan")
         out.seek(0)
-        return wall, usage.ru_maxrss / 1024, out.read().decode()
+        return wall, rss, out.read().decode()
 
 
 def worker(step: str, **kw) -> tuple[dict, float, float]:
