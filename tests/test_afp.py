@@ -163,3 +163,19 @@ def test_cli_trains_an_afp_model_and_evaluates_it_at_other_k(tmp_path, capsys):
     model = seqlm.load(out)
     assert model.context_order == 4
     assert main(["eval", str(out), "--data", str(corpus), "--iterations", "0"]) == 2
+
+
+def test_cli_eval_iterations_on_an_rnn_model_and_refused_for_others(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "c", n_train=80, n_eval=20)
+    rnn, kn = tmp_path / "rnn", tmp_path / "kn"
+    assert main(["train", "--model", "rnn", "--data", str(corpus), "--out", str(rnn), "--max-epochs", "1", *TINY]) == 0
+    assert main(["train", "--model", "kn", "--order", "2", "--data", str(corpus), "--out", str(kn)]) == 0
+    capsys.readouterr()
+    res = {}
+    for it in (None, "exact", "40", "2"):
+        assert main(["eval", str(rnn), "--data", str(corpus), *(["--iterations", it] if it else [])]) == 0
+        res[it] = json.loads(capsys.readouterr().out)["ppl"]
+    assert res["exact"] == pytest.approx(res[None], rel=1e-9) and res["40"] == pytest.approx(res[None], rel=1e-5)
+    assert res["2"] != pytest.approx(res[None], rel=1e-4)
+    assert main(["eval", str(kn), "--data", str(corpus), "--iterations", "2"]) == 2
+    assert "Elman" in capsys.readouterr().err
