@@ -121,12 +121,15 @@ def models(tmp_path_factory):
     corpus = _corpus(tmp, _slf())
     return {"kn3": _train(tmp, corpus, "kn3", "--model", "kn", "--order", "3"),
             "afp2": _train(tmp, corpus, "afp2", "--model", "afp", "--iterations", "2", "--max-epochs", "1", *TINY),
-            "rnn": _train(tmp, corpus, "rnn", "--model", "rnn", "--max-epochs", "1", *TINY), "corpus": corpus}
+            "rnn": _train(tmp, corpus, "rnn", "--model", "rnn", "--max-epochs", "1", *TINY),
+            "fnn3": _train(tmp, corpus, "fnn3", "--model", "fnn", "--order", "3", "--embed", "8", "--hidden", "16",
+                           "--max-epochs", "1", "--threads", "1"),
+            "corpus": corpus}
 
 
 def test_every_path_score_is_the_sentence_score_for_exact_models(models):
     lat = _slf()
-    for name, order in (("kn3", 3), ("afp2", 3)):
+    for name, order in (("kn3", 3), ("afp2", 3), ("fnn3", 3)):
         model = _finite(seqlm.load(models[name]))
         exp = _check_every_path(lat, model, WordMap(model.vocab))
         assert exp.exact and exp.order == order

@@ -85,6 +85,7 @@ class FNNLM(nn.Module):
         super().__init__()
         self.vocab = vocab
         self.order = order
+        self.context_order = order  # a finite-context model (protocol.context_order): lattices expand exactly
         vl = vocab_layers or VocabLayerConfig()
         self.embedding = build_embedding(vl, vocab, embed)
         if isinstance(self.embedding, nn.Embedding):
