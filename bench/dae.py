@@ -184,7 +184,7 @@ def plot(path: Path) -> None:
     ax.bar([r["name"] for r in rows], [100 * r["dsae"] for r in rows], color="tab:blue")
     ax.axhline(40, color="gray", ls="--", lw=1, label="issue's goal (char, semantic hashing)")
     ax.set_ylabel("DSAE (%)")
-    ax.set_title("DSAE on PTB test, shortened CPU recipe (bench/dae.py)")
+    ax.set_title("DSAE on the test sets (PTB; synthetic: random letters), shortened CPU recipes", fontsize=10)
     ax.legend(fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
     fig.tight_layout()
