@@ -48,23 +48,20 @@ TRAIN_TOKENS = {"gcide": 200_000, "ptb": 200_000}  # the shortened recipe: one e
 EVAL_TOKENS = 20_000  # valid (schedule) and test text of the gcide-/ptb- rows
 ENCODER = ["--hidden", "200", "--layers", "2", "--batch-size", "32", "--seq-len", "20", "--lr", "0.003",
            "--max-epochs", "1"]
+NCE = ["--objective", "nce", "--noise-samples", "100", "--noise-sharing", "batch"]  # noise shared by the batch
 VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "full": [],
-    "nce": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "one"],
-    "nce-zreg": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "regression"],
+    "nce": [*NCE, "--normaliser", "one"],
+    "nce-zreg": [*NCE, "--normaliser", "regression"],
+    # (b) and (c) again over 4 epochs of the same text: the drift of log Z_h (the paper's Fig. 5)
+    "nce-4ep": [*NCE, "--normaliser", "one", "--max-epochs", "4", "--min-improvement", "0"],
+    "nce-zreg-4ep": [*NCE, "--normaliser", "regression", "--max-epochs", "4", "--min-improvement", "0"],
+    # (c) with k noise words per position instead of one draw shared by the batch (the default since then)
+    "nce-zreg-token": [*NCE[:-1], "token", "--normaliser", "regression"],
     # compressed models are trained as in the paper: NCE with ZRegression (a softmax over the rebuilt
     # V x H output matrix trains at a third of the full softmax's speed here, beyond this budget)
-    # (b) and (c) again over 4 epochs of the same text: the drift of log Z_h (the paper's Fig. 5)
-    "nce-4ep": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "one", "--max-epochs", "4",
-                "--min-improvement", "0"],
-    "nce-zreg-4ep": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "regression",
-                     "--max-epochs", "4", "--min-improvement", "0"],
-    # (c) with k noise words per position instead of one draw shared by the batch: speed and perplexity
-    "nce-zreg-token": ["--objective", "nce", "--noise-samples", "100", "--normaliser", "regression",
-                       "--noise-sharing", "token"],
-    "codes-cbias": ["--codes", "{codes}", "--objective", "nce", "--noise-samples", "100", "--normaliser", "regression"],
-    "codes-ibias": ["--codes", "{codes}", "--code-bias", "true", "--objective", "nce", "--noise-samples", "100",
-                    "--normaliser", "regression"],
+    "codes-cbias": ["--codes", "{codes}", *NCE, "--normaliser", "regression"],
+    "codes-ibias": ["--codes", "{codes}", "--code-bias", "true", *NCE, "--normaliser", "regression"],
 }
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
 

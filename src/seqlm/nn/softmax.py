@@ -214,7 +214,7 @@ class VocabLayerConfig:
     objective: str = "softmax"  # softmax (exact cross-entropy) | nce (noise-contrastive estimation)
     noise_samples: int = 100  # nce: noise words k drawn per target
     noise_power: float = 1.0  # nce: noise distribution = unigram counts ** power, normalised (paper: 1)
-    noise_sharing: str = "batch"  # nce: batch (one draw of k words shared by the batch) | token (k per position)
+    noise_sharing: str = "token"  # nce: token (k words per position) | batch (one draw shared by the batch: faster)
     normaliser: str = "one"  # nce: one (Z_h = 1) | regression (ZRegression, log Z_h = w_Z . h + b_Z)
     codes: str = ""  # sparse codes file (seqlm sparse-codes): embedding U x, output weights D x, far fewer parameters
     code_bias: bool = False  # with --codes: a free output bias per word instead of the compressed c^T x
