@@ -92,8 +92,7 @@ def _train(tmp_path: Path, corpus: Path, name: str, *opts: str) -> Path:
 
 
 def _finite(model):
-    if getattr(model, "context_order", None) is None and model.family == "kn":
-        model.context_order = model.order  # an n-gram model of order n (until the class says so itself)
+    assert model.context_order is not None  # n-gram, FNN and AFP-K models say their order themselves
     return model
 
 
@@ -209,8 +208,12 @@ def test_cli_rescores_lattices_in_their_own_format(models, tmp_path, capsys):
     old, half = (read_lattices(tmp_path / w / "lattice.slf")[1][0] for w in ("0", "0.5"))
     assert scored_paths(old) == scored_paths(_slf())
     assert any(abs(a.lm - b.lm) > 1e-3 for a, b in zip(old.arcs, half.arcs, strict=True))
-    err = capsys.readouterr().err
-    assert "approximate" in err
+    reports = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    assert reports and all(r["exact"] and r["order"] == 3 for r in reports)  # KN3 says its order: exact
+    assert main(["rescore", str(models["rnn"]), "--lattice", str(SMALL / "lattice.slf"), "--out",
+                 str(tmp_path / "rnn")]) == 0  # an unbounded history: merged, and the output says so
+    reports = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    assert reports and not reports[0]["exact"] and reports[0]["note"].startswith("approximate")
 
 
 def test_cli_bad_lattices_are_one_line_errors(models, tmp_path, capsys):

@@ -49,6 +49,7 @@ class NGramModel:
             raise ValueError("n-gram tables do not match each other or the vocabulary")
         self.vocab = vocab
         self.order = len(keys)
+        self.context_order = self.order  # a finite-context model (protocol.context_order): lattices expand exactly
         self.keys = [np.ascontiguousarray(k, dtype=np.int64) for k in keys]  # (M_k,) sorted
         self.log10_prob = [np.asarray(p, dtype=np.float32) for p in log10_prob]  # (M_k,)
         self.log10_backoff = [np.asarray(b, dtype=np.float32) for b in log10_backoff]  # (M_k,) k < N
