@@ -21,11 +21,11 @@ from seqlm.cli import main
 from seqlm.data.corpus import encode_file
 from seqlm.errors import SeqlmError
 from seqlm.models.kn import BINARY, KNConfig, estimate_kn, save_kn
-from seqlm.ngram import NGramModel, read_arpa
+from seqlm.ngram import NGramModel
 from seqlm.ngram.binary import FORMAT_VERSION, HEADER, read_binary, write_binary
 from seqlm.ngram.index import build_slots, lookup
 from seqlm.ngram.query import NgramModel, State
-from test_kn import ORACLE, needs_oracle, tiny_stream, token_log10
+from test_kn import ORACLE, arpa_entries, needs_oracle, tiny_stream, token_log10
 
 from conftest import cli_env, write_corpus
 
@@ -41,16 +41,6 @@ def python_backoff(entries: dict, order: int, history: list[str], word: str) -> 
             return bo + entries[ctx + (word,)][0], n + 1
         bo += entries.get(ctx, (0.0, 0.0))[1] if n else 0.0
     raise AssertionError("every word has a unigram")
-
-
-def entries_of(path: Path) -> dict[tuple[str, ...], tuple[float, float]]:
-    data = read_arpa(path)
-    out = {}
-    for k, grams in enumerate(data.grams, 1):
-        bo = data.log10_backoff[k - 1] if k < len(data.grams) else np.zeros(len(grams))
-        for row, p, b in zip(grams.tolist(), data.log10_prob[k - 1].tolist(), bo.tolist(), strict=True):
-            out[tuple(data.tokens[w] for w in row)] = (p, b)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +109,7 @@ def test_binary_query_reproduces_kenlm_query(name: str, binaries: dict[str, Path
 @needs_oracle
 @pytest.mark.parametrize("name", ["kn3", "kn5-prune00112"])
 def test_full_scores_equal_the_python_backoff_walk(name: str, binaries: dict[str, Path]) -> None:
-    entries = entries_of(ORACLE / f"{name}.arpa.gz")
+    entries = arpa_entries(ORACLE / f"{name}.arpa.gz")
     m = NgramModel(binaries[name])
     parsed = NgramModel(ORACLE / f"{name}.arpa.gz")  # no hash index: binary search
     lines = (ORACLE / "query.txt").read_text().splitlines()[:60]
