@@ -12,9 +12,11 @@ Rows:
 - `timing`: wall time of one sequence (B = 1) against T, forward and forward + backward, AFP-K against the
   sequential Elman layer (its own BPTT), one process, one run; and tokens/s at the training batch size.
 
-SHORTENED RECIPE (this machine's budget): every trained row runs EPOCHS epochs of the rnn recipe (Adam,
-64 x 20 batches) instead of the ~15 of the full newbob schedule; bptt and afp rows alike, so they compare.
-Rows resume from their epoch checkpoints in bench/checkpoints/afp_ptb/ROW.
+RECIPE: the rnn family's `rnn-bptt` recipe in full (Adam lr 0.003, 64 x 20 batches, clip 1, newbob halving
+until valid stops improving, at most 30 epochs: rnn-bptt stopped after 18), for bptt and every afp row alike.
+`bptt-3ep`, `afp-kK-3ep` are the earlier shortened rows (3 epochs of the same recipe) and `bptt-e5`,
+`afp-k4-e5` continue two of them to 5 epochs. Rows resume from their epoch checkpoints in
+bench/checkpoints/afp_ptb/ROW.
 """
 
 from __future__ import annotations
@@ -39,15 +41,26 @@ from seqlm.train.loop import run_status
 
 from common import CHECKPOINTS, RESULTS, merge_rows, ptb_dir, row_parser
 
-EPOCHS = 3
+EPOCHS = 30  # an upper bound: newbob ends the run when valid stops improving
+SHORT_EPOCHS = 3
 MODEL = ["--hidden", "200", "--output", "class", "--dropout", "0.3"]
 KS = (1, 2, 3, 4, 6, 8)
-ROWS = {"bptt": ("rnn", ["--tau", "5"])} | {f"afp-k{k}": ("afp", ["--iterations", str(k)]) for k in KS}
+FULL = {"bptt": ("rnn", ["--tau", "5"])} | {f"afp-k{k}": ("afp", ["--iterations", str(k)]) for k in KS}
+ROWS = FULL | {f"{name}-3ep": spec for name, spec in FULL.items()}
 # two more epochs for the BPTT model and AFP-4, continuing their 3-epoch checkpoints: does the gap close?
-LONGER = {"bptt-e5": ("bptt", 5), "afp-k4-e5": ("afp-k4", 5)}
+LONGER = {"bptt-e5": ("bptt-3ep", 5), "afp-k4-e5": ("afp-k4-3ep", 5)}
 ROWS |= {name: ROWS[src] for name, (src, _) in LONGER.items()}
-RECIPE = (f"shortened: {EPOCHS} epochs of full PTB train (rnn recipe: Adam lr 0.003, 64 x 20 batches, clip 1), "
-          "H 200, class output, sigmoid, dropout 0.3; the same for bptt and every afp row")
+RECIPE = ("full: the rnn-bptt recipe on full PTB train (Adam lr 0.003, 64 x 20 batches, clip 1, newbob, at most "
+          f"{EPOCHS} epochs), H 200, class output, sigmoid, dropout 0.3; the same for bptt and every afp row")
+SHORT_RECIPE = (f"shortened: {SHORT_EPOCHS} epochs of full PTB train (rnn recipe: Adam lr 0.003, 64 x 20 batches, "
+                "clip 1), H 200, class output, sigmoid, dropout 0.3; the same for bptt and every afp row")
+
+
+def _epochs(name: str) -> tuple[int, str]:
+    if name in LONGER:
+        src, epochs = LONGER[name]
+        return epochs, SHORT_RECIPE.replace(f"{SHORT_EPOCHS} epochs", f"{epochs} epochs (continuing {src})")
+    return (SHORT_EPOCHS, SHORT_RECIPE) if name.endswith("-3ep") else (EPOCHS, RECIPE)
 
 
 def _out(name: str):
@@ -57,7 +70,8 @@ def _out(name: str):
 def train_row(name: str, args) -> tuple[object, dict]:
     fam, opts = ROWS[name]
     out = _out(name)
-    src, epochs = LONGER.get(name, (None, EPOCHS))
+    src = LONGER.get(name, (None,))[0]
+    epochs, recipe = _epochs(name)
     if src and not out.exists():
         shutil.copytree(_out(src), out)  # continue the 3-epoch row's run (its checkpoint) for more epochs
     status = run_status(out)
@@ -74,7 +88,7 @@ def train_row(name: str, args) -> tuple[object, dict]:
     info = {"epochs": status["epoch"], "finished": status["done"], "train_seconds": secs,
             "train_tokens_per_s": sum(h["train_tokens"] for h in hist) / max(secs, 1e-9),
             "valid_curve": [h["valid_ppl"] for h in hist], "resumed": resumed,
-            "recipe": RECIPE if not src else RECIPE.replace(f"{EPOCHS} epochs", f"{epochs} epochs (continuing {src})"),
+            "recipe": recipe,
             "config": json.loads((out / "config.json").read_text())["model"]}
     return seqlm.load(out), info
 
@@ -103,7 +117,7 @@ def convergence(args, max_sentences: int = 1000) -> dict:
     """Mean ||h^(K) - h_exact|| over the first PTB valid sentences, per trained model, with ||W||_2."""
     curves = {}
     ks = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
-    for name in ROWS:
+    for name in FULL:  # the full-recipe models
         if not (_out(name) / "config.json").exists():
             continue
         model = seqlm.load(_out(name))
@@ -182,7 +196,7 @@ def plot() -> None:
     rows = {r["name"]: r for r in json.loads(path.read_text())["rows"]}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     ax = axes[0]
-    afp = sorted((r["iterations"], r) for n, r in rows.items() if n.startswith("afp-k") and n not in LONGER)
+    afp = sorted((r["iterations"], r) for n, r in rows.items() if n in FULL and n != "bptt")
     if afp:
         ks = [k for k, _ in afp]
         ax.plot(ks, [r["test_ppl"] for _, r in afp], "o-", label="AFP-K trained, eval at K")
