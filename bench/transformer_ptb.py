@@ -4,6 +4,7 @@ measured by this script at the model's own matmul shapes.
 
     python bench/transformer_ptb.py --rows transformer-ptb --threads 1
     python bench/transformer_ptb.py --rows transformer-ptb-char --threads 1
+    python bench/transformer_ptb.py --rows transformer-speed,transformer-speed-small,transformer-speed-base --threads 1
 
 Shortened recipes (this CPU, one thread): each row trains for a fixed number of minutes (RECIPES), not to
 convergence; the row states its recipe. A row resumes from its checkpoint in bench/checkpoints/ when run again.
@@ -90,16 +91,24 @@ def _tokens_per_s(cfg, vocab, stream, seconds: float) -> float:
     raise SystemExit("the training text ran out before the timing did")
 
 
-def run_speed(args: argparse.Namespace, rounds: int = 3, seconds: float = 20.0) -> dict:
-    """The word recipe's training speed against the bf16 matmul ceiling, each ceiling measured right after its
-    timing (the machine's load changes by the minute: only a ratio taken in the same minute means something)."""
+# speed rows: the word recipe's model, and the paper's two sizes trained with the same recipe (batches of 16 x 128)
+SPEED_SIZES = {"transformer-speed": "", "transformer-speed-small": "small", "transformer-speed-base": "base"}
+
+
+def run_speed(name: str, args: argparse.Namespace, rounds: int = 3, seconds: float = 20.0) -> dict:
+    """A model's training speed against the bf16 matmul ceiling, each ceiling measured right after its
+    timing (the machine's load changes by the minute: only a ratio taken in the same minute means something).
+
+    The ceiling is per shape, so a bigger model, whose time goes to bigger matmuls and less to the per-token
+    element-wise work (layer norms, dropout masks, the softmax over V), reaches a larger fraction of it."""
     from seqlm.config import DataConfig, apply_overrides
     from seqlm.data.corpus import build_vocab
     from seqlm.models.transformer import TransformerConfig
 
     cfg = TransformerConfig()
     apply_overrides([cfg, DataConfig()], {k.lstrip("-"): v for k, v in zip(RECIPES["transformer-ptb"][::2],
-                                                                           RECIPES["transformer-ptb"][1::2])})
+                                                                           RECIPES["transformer-ptb"][1::2])}
+                    | ({"size": SPEED_SIZES[name]} if SPEED_SIZES[name] else {}))
     path = split_path(ptb_dir(), "train")
     vocab = build_vocab(path)
     stream = encode_file(path, vocab)
@@ -109,7 +118,8 @@ def run_speed(args: argparse.Namespace, rounds: int = 3, seconds: float = 20.0) 
         speeds.append(_tokens_per_s(cfg, vocab, stream, seconds))
         ceilings.append(matmul_gflops(shapes, torch.bfloat16))
         fractions.append(fpt * speeds[-1] / 1e9 / ceilings[-1])
-    return {"name": "transformer-speed", "recipe": " ".join(RECIPES["transformer-ptb"]), "rounds": rounds,
+    return {"name": name, "recipe": " ".join(RECIPES["transformer-ptb"]), "size": SPEED_SIZES[name] or "recipe",
+            "layers": cfg.layers, "d_model": cfg.d_model, "d_ff": cfg.d_ff, "heads": cfg.heads, "rounds": rounds,
             "seconds_per_round": seconds, "train_tokens_per_s": speeds, "matmul_ceiling_gflops": ceilings,
             "flops_per_token": fpt, "fraction_of_ceiling": fractions,
             "median_fraction_of_ceiling": sorted(fractions)[rounds // 2], "threads": args.threads}
@@ -163,9 +173,9 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.rows.split(","):
-        if name not in RECIPES and name != "transformer-speed":
-            sys.exit(f"unknown row {name}; choose from {', '.join(RECIPES)}, transformer-speed")
-        row = run_speed(args) if name == "transformer-speed" else run_row(name, args)
+        if name not in RECIPES and name not in SPEED_SIZES:
+            sys.exit(f"unknown row {name}; choose from {', '.join([*RECIPES, *SPEED_SIZES])}")
+        row = run_speed(name, args) if name in SPEED_SIZES else run_row(name, args)
         merge_rows("transformer_ptb", [row])
         if name in RECIPES:
             merge_rows("dae", [row])  # the issue's table reads these two rows next to the autoencoder rows
