@@ -145,3 +145,32 @@ def test_absurd_lr_through_the_cli_is_a_clear_error(tmp_path):
     assert len(err) == 1 and "NaN/inf" in err[0] and "--lr" in err[0]
     assert "Traceback" not in r.stderr
     assert r.stderr.count("restored the last good state") == 3  # the default --max-nan-retries
+
+
+def test_sigterm_outside_the_training_loop_is_one_line_and_keeps_the_model(tmp_path):
+    """SIGTERM while a KN model is being estimated (no training loop to catch it): one line, exit 143, and the
+    model the folder held before (its ARPA file) untouched. The signal is sent from inside the estimator, so
+    it lands there on every machine, however fast."""
+    data = write_corpus(tmp_path / "c")
+    out = tmp_path / "kn"
+    first = subprocess.run([sys.executable, "-m", "seqlm", "train", "--model", "kn", "--order", "3", "--data",
+                            str(data), "--out", str(out)], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert first.returncode == 0, first.stderr
+    before = (out / "model.arpa").read_bytes()
+    script = (
+        "import os, signal, sys\n"
+        "import seqlm.ngram.kneser_ney as kn\n"
+        "real = kn.adjust_counts\n"
+        "def adjust(counts):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(counts)\n"
+        "kn.adjust_counts = adjust\n"
+        "from seqlm.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    again = subprocess.run([sys.executable, "-c", script, "train", "--model", "kn", "--order", "3", "--data", str(data),
+                            "--out", str(tmp_path / "kn2")], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert again.returncode == 128 + signal.SIGTERM
+    assert again.stderr.strip().count("\n") == 0 and "terminated" in again.stderr, again.stderr
+    assert (out / "model.arpa").read_bytes() == before
+    assert not (tmp_path / "kn2" / "model.arpa").exists()  # nothing half-written left behind

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from seqlm.errors import ERROR_DIR_ENV, SeqlmError
@@ -366,8 +368,27 @@ def _report(e: SeqlmError) -> None:
     print(f"seqlm: error: {e}", file=sys.stderr)
 
 
+class Terminated(BaseException):
+    """SIGTERM outside a training loop (which saves and stops on its own): unwinds like Ctrl-C, so atomic
+    writes in progress leave the old files and the user gets one line instead of a silent death."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        return _run(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(argv: list[str]) -> int:
     try:
         parser = build_parser()
         args, rest = parser.parse_known_args(argv)
@@ -380,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seqlm: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("seqlm: terminated (SIGTERM); files being written were left as they were before", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:
         return 0
     return 0
