@@ -11,7 +11,8 @@ seqlm's memory-mapped binary format, pruning and a KenLM-style query API (docs/n
 
 from __future__ import annotations
 
-from seqlm.ngram.arpa import ArpaData, read_arpa, write_arpa
+from seqlm.ngram.arpa import ArpaData, read_arpa
+from seqlm.ngram.arpa_write import write_arpa
 from seqlm.ngram.binary import read_binary, write_binary
 from seqlm.ngram.counts import NGramCounts, count_ngrams
 from seqlm.ngram.kneser_ney import (

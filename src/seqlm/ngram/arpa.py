@@ -9,14 +9,13 @@
 
 Reading accepts what KenLM (`<s>` with log10 p 0) and SRILM (`<s>` at -99, back-offs left out when
 0, fields separated by any white space) write. Anything malformed raises SeqlmError naming the file.
-Writing is atomic and gzips when the name ends in `.gz`.
+Writing (atomic, gzip when the name ends in `.gz`) is in arpa_write.py.
 """
 
 from __future__ import annotations
 
 import gc
 import gzip
-import io
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-from seqlm.checkpoint import atomic_path
 from seqlm.errors import SeqlmError
 
 
@@ -167,46 +165,3 @@ def _parse(path: Path) -> ArpaData:
     if not any(line.strip() == "\\end\\" for line in lines[i:]):
         raise SeqlmError(f"{path}: no \\end\\ line; the ARPA file is truncated")
     return ArpaData(tokens, grams, probs, backoffs)
-
-
-def _format(x: np.ndarray) -> np.ndarray:
-    """Shortest text that reads back as the same float32 (like KenLM); each distinct value formatted once.
-
-    Returns an object array of str (gathered by numpy, which is faster than a Python list lookup)."""
-    uniq, inverse = np.unique(x.astype(np.float32), return_inverse=True)
-    return np.array([str(v) for v in uniq] + [""], dtype=object)[:-1][inverse]
-
-
-def _gram_strings(tokens: list[str], keys: list[np.ndarray]) -> list[np.ndarray]:
-    """Text of every n-gram, built order by order as prefix text + ' ' + last word (object arrays of str)."""
-    V = len(tokens)
-    out = [np.array(tokens + [""], dtype=object)[:-1]]  # (V,) the extra "" keeps numpy from splitting strings
-    spaced = " " + out[0]  # (V,) " word"
-    for k in range(2, len(keys) + 1):
-        out.append(out[-1][keys[k - 1] // V] + spaced[keys[k - 1] % V])  # (M_k,)
-    return out
-
-
-def write_arpa(
-    path: str | Path,
-    tokens: list[str],
-    keys: list[np.ndarray],
-    log10_prob: list[np.ndarray],
-    log10_backoff: list[np.ndarray],
-) -> None:
-    """Write trie-numbered tables (see counts.py) as an ARPA file, atomically; gzip if the name ends .gz."""
-    path = Path(path)
-    order = len(keys)
-    grams = _gram_strings(tokens, keys)
-    with atomic_path(path) as tmp:
-        raw = gzip.open(tmp, "wb", compresslevel=6) if path.name.endswith(".gz") else open(tmp, "wb")
-        with io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as f:
-            f.write("\\data\\\n" + "".join(f"ngram {k}={len(g)}\n" for k, g in enumerate(grams, 1)))
-            for k in range(1, order + 1):
-                f.write(f"\n\\{k}-grams:\n")
-                columns = [_format(log10_prob[k - 1]).tolist(), grams[k - 1].tolist()]
-                if k < order:
-                    columns.append(_format(log10_backoff[k - 1]).tolist())
-                f.write("\n".join(map("\t".join, zip(*columns, strict=True))))
-                f.write("\n")
-            f.write("\n\\end\\\n")

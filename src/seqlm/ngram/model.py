@@ -24,7 +24,8 @@ from torch import Tensor
 
 from seqlm.data.vocab import BOS, EOS, UNK, Vocab
 from seqlm.errors import SeqlmError
-from seqlm.ngram.arpa import ArpaData, read_arpa, write_arpa
+from seqlm.ngram.arpa import ArpaData, read_arpa
+from seqlm.ngram.arpa_write import write_arpa
 from seqlm.ngram.index import lookup, probe, table_bits
 from seqlm.protocol import Batch
 
