@@ -25,6 +25,7 @@ Writing is atomic (seqlm.checkpoint.atomic_path): a reader never sees half a fil
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -52,36 +53,36 @@ def is_binary(path: str | Path) -> bool:
         return False
 
 
-def _sections(model: NGramModel, with_index: bool) -> list[np.ndarray]:
-    """The arrays in file order (see the module docstring)."""
-    vocab = np.frombuffer("".join(w + "\n" for w in model.vocab.itos).encode("utf-8"), dtype=np.uint8)
-    out = [vocab]
+def _sections(model: NGramModel, with_index: bool) -> Iterator[np.ndarray]:
+    """The arrays in file order (see the module docstring), one at a time: a hash table is built only
+    when its turn comes, so at most one is in memory."""
+    yield np.frombuffer("".join(w + "\n" for w in model.vocab.itos).encode("utf-8"), dtype=np.uint8)
     for k in range(1, model.order + 1):
-        out += [model.keys[k - 1].astype("<i8"), model.log10_prob[k - 1].astype("<f4")]
+        yield model.keys[k - 1].astype("<i8", copy=False)
+        yield model.log10_prob[k - 1].astype("<f4", copy=False)
         if k < model.order:
-            out.append(model.log10_backoff[k - 1].astype("<f4"))
+            yield model.log10_backoff[k - 1].astype("<f4", copy=False)
         if k >= 2:
             slots = model.index[k - 1] if with_index else None
             slots = slots if slots is not None else build_slots(model.keys[k - 1])
-            out.append(slots.astype(slots.dtype.newbyteorder("<")))
-    return out
+            yield slots.astype(slots.dtype.newbyteorder("<"), copy=False)
 
 
 def write_binary(model: NGramModel, path: str | Path) -> None:
-    """Write `model` in the binary format (atomically), building the hash index of each order."""
-    arrays = _sections(model, with_index=True)
-    table_end = HEADER.size + SECTION.size * len(arrays)
-    offsets, at = [], -(-table_end // ALIGN) * ALIGN
-    for a in arrays:
-        offsets.append(at)
-        at = -(-(at + a.nbytes) // ALIGN) * ALIGN
+    """Write `model` in the binary format (atomically), building the hash index of each order.
+
+    Sections are written one after another and the section table, in front, last."""
+    count = 1 + 4 * model.order - 2
+    at = -(-(HEADER.size + SECTION.size * count) // ALIGN) * ALIGN
+    table = []
     with atomic_path(Path(path)) as tmp, open(tmp, "wb") as f:
-        f.write(HEADER.pack(MAGIC, FORMAT_VERSION, BYTE_ORDER, model.order, 0, len(model.vocab)))
-        for off, a in zip(offsets, arrays, strict=True):
-            f.write(SECTION.pack(off, a.nbytes, a.dtype.str.encode("ascii")))
-        for off, a in zip(offsets, arrays, strict=True):
-            f.seek(off)
+        for a in _sections(model, with_index=True):
+            f.seek(at)
             f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+            table.append(SECTION.pack(at, a.nbytes, a.dtype.str.encode("ascii")))
+            at = -(-(at + a.nbytes) // ALIGN) * ALIGN
+        f.seek(0)
+        f.write(HEADER.pack(MAGIC, FORMAT_VERSION, BYTE_ORDER, model.order, 0, len(model.vocab)) + b"".join(table))
         f.truncate(at)
 
 
