@@ -87,6 +87,55 @@ def test_estimation_under_a_memory_cap_the_in_memory_path_cannot_meet(tmp_path: 
     assert got["tokens"] == (len(block.split()) + BLOCK_SENTENCES) * REPEATS
 
 
+MANY = r"""
+import hashlib, json, resource, sys, warnings
+from pathlib import Path
+from seqlm.data.corpus import build_vocab, encode_file
+from seqlm.models.kn import KNConfig, estimate_kn
+
+small, big, out, headroom = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]) << 20
+warnings.simplefilter("ignore")
+vocab = build_vocab(big)
+stream = encode_file(big, vocab)  # the id cache, memory-mapped
+small_vocab = build_vocab(small)
+small_stream = encode_file(small, small_vocab)
+for memory in ("", "1M"):  # warm up: every import and lazy allocation happens before the cap
+    estimate_kn(KNConfig(order=3, memory=memory), small_stream, small_vocab).to_arpa(out / "warm.arpa")
+size = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (size + headroom, resource.RLIM_INFINITY))
+bounded = estimate_kn(KNConfig(order=3, memory="2M"), stream, vocab)
+sizes = bounded.sizes
+bounded.to_arpa(out / "bounded.arpa")
+del bounded
+try:
+    estimate_kn(KNConfig(order=3), stream, vocab).to_arpa(out / "capped.arpa")
+    in_memory = "fits"
+except MemoryError:
+    in_memory = "MemoryError"
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+estimate_kn(KNConfig(order=3), stream, vocab).to_arpa(out / "full.arpa")
+same = (out / "bounded.arpa").read_bytes() == (out / "full.arpa").read_bytes()
+print(json.dumps({"in_memory": in_memory, "same": same, "sizes": sizes}))
+"""
+
+
+def test_many_distinct_ngrams_under_a_cap_the_in_memory_path_cannot_meet(tmp_path: Path) -> None:
+    """Every stage bounded: about a million distinct bigrams and trigrams (random words over 30,000
+    types), which the in-memory estimate cannot hold in the cap; the bounded one writes the same ARPA."""
+    rng = np.random.default_rng(1)
+    words = np.array([f"t{i}" for i in range(30_000)])
+    lines = [" ".join(words[rng.integers(0, len(words), rng.integers(5, 30))]) for _ in range(60_000)]
+    (tmp_path / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "small.txt").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
+    r = subprocess.run([sys.executable, "-c", MANY, str(tmp_path / "small.txt"), str(tmp_path / "train.txt"),
+                        str(tmp_path), str(HEADROOM_MB)], capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["sizes"][1] > 900_000 and got["sizes"][2] > 900_000, got["sizes"]
+    assert got["in_memory"] == "MemoryError", "the cap did not bite: the in-memory estimate fit in the headroom"
+    assert got["same"], "bounded-memory ARPA differs from the in-memory one"
+
+
 def _stream(sentences: list[list[int]]) -> tuple[Vocab, TokenStream]:
     words = [[f"w{w}" for w in s] for s in sentences]
     counter = Counter(w for s in words for w in s)

@@ -27,6 +27,7 @@ from typing import BinaryIO
 import numpy as np
 
 from seqlm.checkpoint import atomic_path
+from seqlm.ngram.filearray import take_sorted
 from seqlm.ngram.floattext import WIDTH, float32_texts
 
 CHUNK = 1 << 14  # lines assembled at once: ~5 MB of text and ~40 MB of gather indices
@@ -132,12 +133,13 @@ def open_arpa(path: str | Path, tokens: list[str], sizes: list[int]) -> Iterator
             writer.close()
 
 
-def words_of(keys: list[np.ndarray], k: int, ids: np.ndarray) -> np.ndarray:
-    """(m, k) the words of the order-k n-grams `ids`, following prefixes down the trie-numbered keys."""
+def words_of(keys: list, k: int, ids: np.ndarray) -> np.ndarray:
+    """(m, k) the words of the order-k n-grams `ids` (sorted), following prefixes down the trie-numbered
+    keys (arrays or FileArrays)."""
     V = len(keys[0])
     out = np.empty((len(ids), k), dtype=np.int64)
-    for j in range(k, 0, -1):
-        key = keys[j - 1][ids]  # (m,)
+    for j in range(k, 0, -1):  # ids stay sorted: a sorted order's prefixes are sorted (trie order)
+        key = take_sorted(keys[j - 1], ids)  # (m,)
         out[:, j - 1], ids = key % V, key // V
     return out
 

@@ -33,6 +33,7 @@ import numpy as np
 from seqlm.checkpoint import atomic_path
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
+from seqlm.ngram.filearray import FileArray
 from seqlm.ngram.index import build_slots
 from seqlm.ngram.model import NGramModel
 
@@ -58,14 +59,24 @@ def _sections(model: NGramModel, with_index: bool) -> Iterator[np.ndarray]:
     when its turn comes, so at most one is in memory."""
     yield np.frombuffer("".join(w + "\n" for w in model.vocab.itos).encode("utf-8"), dtype=np.uint8)
     for k in range(1, model.order + 1):
-        yield model.keys[k - 1].astype("<i8", copy=False)
-        yield model.log10_prob[k - 1].astype("<f4", copy=False)
+        yield _little(model.keys[k - 1], "<i8")
+        yield _little(model.log10_prob[k - 1], "<f4")
         if k < model.order:
-            yield model.log10_backoff[k - 1].astype("<f4", copy=False)
+            yield _little(model.log10_backoff[k - 1], "<f4")
         if k >= 2:
             slots = model.index[k - 1] if with_index else None
-            slots = slots if slots is not None else build_slots(model.keys[k - 1])
+            slots = slots if slots is not None else build_slots(np.asarray(model.keys[k - 1]))
             yield slots.astype(slots.dtype.newbyteorder("<"), copy=False)
+
+
+def _little(a, dtype: str):
+    """a as the little-endian dtype: arrays converted (no copy when they are already), FileArrays as they
+    are (native order: checked)."""
+    if isinstance(a, FileArray):
+        if a.dtype != np.dtype(dtype):
+            raise ValueError(f"{a.path}: {a.dtype}, the binary format wants {dtype}")
+        return a
+    return a.astype(dtype, copy=False)
 
 
 def write_binary(model: NGramModel, path: str | Path) -> None:
@@ -78,7 +89,10 @@ def write_binary(model: NGramModel, path: str | Path) -> None:
     with atomic_path(Path(path)) as tmp, open(tmp, "wb") as f:
         for a in _sections(model, with_index=True):
             f.seek(at)
-            f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+            if isinstance(a, FileArray):  # bounded-memory estimation's tables: copied in pieces
+                a.copy_to(f)
+            else:
+                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
             table.append(SECTION.pack(at, a.nbytes, a.dtype.str.encode("ascii")))
             at = -(-(at + a.nbytes) // ALIGN) * ALIGN
         f.seek(0)

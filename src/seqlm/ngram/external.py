@@ -26,6 +26,7 @@ import numpy as np
 
 from seqlm.data.corpus import TokenStream
 from seqlm.ngram.counts import NGramCounts
+from seqlm.ngram.filearray import Appender, FileArray, search_answer, windowed_map
 
 BYTES_PER_POSITION = 160  # what np.unique with inverse and counts needs per key, with its inputs
 RUN_FIELDS = 3  # key, count, suffix: int64 each
@@ -60,24 +61,24 @@ def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int) -> tuple[np.ndarr
 class _Runs:
     """Sorted runs (key, count, suffix) of one order, one file each, merged window by window."""
 
-    def __init__(self, folder: Path):
-        self.folder, self.sizes = folder, []
+    def __init__(self, folder: Path, k: int):
+        self.folder, self.k, self.sizes = folder, k, []
 
     def add(self, keys: np.ndarray, counts: np.ndarray, suffix: np.ndarray) -> None:
-        np.stack([keys, counts, suffix], axis=1).tofile(self.folder / f"run{len(self.sizes)}.bin")
+        np.stack([keys, counts, suffix], axis=1).tofile(self.folder / f"run{self.k}-{len(self.sizes)}.bin")
         self.sizes.append(len(keys))
 
     def _read(self, i: int, at: int, count: int) -> np.ndarray:
-        with open(self.folder / f"run{i}.bin", "rb") as f:
+        with open(self.folder / f"run{self.k}-{i}.bin", "rb") as f:
             f.seek(at * RUN_FIELDS * 8)
             return np.fromfile(f, dtype=np.int64, count=count * RUN_FIELDS).reshape(-1, RUN_FIELDS)
 
-    def merge(self, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(keys, counts, suffix) of all runs: equal keys summed. Each step takes, from every run, the
-        keys up to the smallest last key of the current windows, so no later key can precede them."""
+    def merge(self, window: int, out: list[Appender]) -> None:
+        """Append (keys, counts, suffix) of all runs to `out`, equal keys summed. Each step takes, from
+        every run, the keys up to the smallest last key of the current windows, so no later key can
+        precede them."""
         at = [0] * len(self.sizes)
         bufs = [self._read(i, 0, window) for i in range(len(self.sizes))]
-        out: list[np.ndarray] = []
         while any(len(b) for b in bufs):
             pivot = min(int(b[-1, 0]) for b in bufs if len(b))
             parts = []
@@ -88,33 +89,45 @@ class _Runs:
                 bufs[i] = b[n:] if n < len(b) else self._read(i, at[i], window)
             block = np.concatenate(parts)  # (P, 3)
             keys, first, inverse = np.unique(block[:, 0], return_index=True, return_inverse=True)
-            out.append(np.stack([keys, np.bincount(inverse, block[:, 1]).astype(np.int64), block[first, 2]], 1))
-        merged = np.concatenate(out) if out else np.zeros((0, RUN_FIELDS), dtype=np.int64)
-        return merged[:, 0].copy(), merged[:, 1].copy(), merged[:, 2].copy()
+            for o, column in zip(out, (keys, np.bincount(inverse, block[:, 1]), block[first, 2]), strict=True):
+                o.add(column)
+        for i in range(len(self.sizes)):
+            (self.folder / f"run{self.k}-{i}.bin").unlink()
 
 
 def count_ngrams_bounded(stream: TokenStream, bos_id: int, vocab_size: int, order: int, memory: int,
                          tmp_dir: str | Path | None = None) -> NGramCounts:
-    """count_ngrams within about `memory` bytes of working space (plus the distinct n-gram tables)."""
+    """count_ngrams within about `memory` bytes of working space, as in-memory arrays at the end."""
+    folder = Path(tempfile.mkdtemp(prefix="seqlm-kn-", dir=tmp_dir))
+    try:
+        counts = count_to_files(stream, bos_id, vocab_size, order, memory, folder)
+        return NGramCounts(vocab_size, bos_id, *([np.asarray(a) for a in getattr(counts, name)]
+                                                 for name in ("keys", "counts", "suffix")))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int, memory: int,
+                   folder: Path) -> NGramCounts:
+    """count_ngrams within about `memory` bytes: orders >= 2 as FileArrays (keys{k}, counts{k},
+    suffix{k} in `folder`), the unigrams in memory."""
     V = vocab_size
     starts = np.asarray(stream.starts, dtype=np.int64)
     bounds = chunk_bounds(starts, max(1024, memory // BYTES_PER_POSITION))
-    folder = Path(tempfile.mkdtemp(prefix="seqlm-kn-", dir=tmp_dir))
-    try:
-        unigram = np.zeros(V, dtype=np.int64)
-        for s0, s1 in bounds:
-            unigram += np.bincount(_chunk(stream, s0, s1, bos_id)[0], minlength=V)
-        keys, counts, suffix = [np.arange(V, dtype=np.int64)], [unigram], [np.full(V, -1, dtype=np.int64)]
-        for k in range(2, order + 1):
-            k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory)
-            keys.append(k_keys)
-            counts.append(k_counts)
-            suffix.append(k_suffix)
-            if k < order:
-                _write_ids(stream, bounds, bos_id, V, k, k_keys, folder)
-        return NGramCounts(V, bos_id, keys, counts, suffix)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    unigram = np.zeros(V, dtype=np.int64)
+    for s0, s1 in bounds:
+        unigram += np.bincount(_chunk(stream, s0, s1, bos_id)[0], minlength=V)
+    keys, counts, suffix = [np.arange(V, dtype=np.int64)], [unigram], [np.full(V, -1, dtype=np.int64)]
+    for k in range(2, order + 1):
+        k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory)
+        keys.append(k_keys)
+        counts.append(k_counts)
+        suffix.append(k_suffix)
+        if k < order:
+            _write_ids(stream, bounds, bos_id, V, k, k_keys, folder, memory)
+        if k > 2:
+            (folder / f"ids{k - 1}.bin").unlink()
+    return NGramCounts(V, bos_id, keys, counts, suffix)
 
 
 def _prev_ids(stream, s0, s1, bos_id, k, folder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,30 +140,37 @@ def _prev_ids(stream, s0, s1, bos_id, k, folder) -> tuple[np.ndarray, np.ndarray
         return seq, pos, np.fromfile(f, dtype=np.int64, count=len(seq))
 
 
-def _count_order(stream, bounds, bos_id, V, k, folder, memory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted runs of one order, one per chunk, merged (or the single chunk's counts directly)."""
-    runs = _Runs(folder)
-    single = None
+def _count_order(stream, bounds, bos_id, V, k, folder, memory) -> tuple[FileArray, FileArray, FileArray]:
+    """Sorted runs of one order, one per chunk, merged into keys{k}, counts{k}, suffix{k}."""
+    runs = _Runs(folder, k)
+    out = [Appender(folder / f"{name}{k}.bin", np.int64) for name in ("keys", "counts", "suffix")]
     for s0, s1 in bounds:
         seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
         at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
         key = gram[at - 1] * V + seq[at]  # (P,)
         uniq, first, cnt = np.unique(key, return_index=True, return_counts=True)
-        single = (uniq, cnt.astype(np.int64), gram[at[first]])
         if len(bounds) > 1:
-            runs.add(*single)
-    if len(bounds) <= 1:
-        return single or (np.zeros(0, dtype=np.int64),) * 3
-    window = max(1024, memory // (4 * RUN_FIELDS * 8 * len(runs.sizes)))
-    return runs.merge(window)
+            runs.add(uniq, cnt, gram[at[first]])
+        else:
+            for o, column in zip(out, (uniq, cnt, gram[at[first]]), strict=True):
+                o.add(column)
+    if len(bounds) > 1:
+        runs.merge(max(1024, memory // (4 * RUN_FIELDS * 8 * len(runs.sizes))), out)
+    for o in out:
+        o.__exit__()
+    return out[0].array, out[1].array, out[2].array
 
 
-def _write_ids(stream, bounds, bos_id, V, k, keys, folder) -> None:
-    """The id at order k of the k-gram ending at each position (-1 where none), for order k+1's prefixes."""
-    with open(folder / f"ids{k}.bin", "wb") as f:
+def _write_ids(stream, bounds, bos_id, V, k, keys: FileArray, folder, memory) -> None:
+    """The id at order k of the k-gram ending at each position (-1 where none), for order k+1's prefixes:
+    each position's key, then its rank among the keys, found window by window."""
+    with Appender(folder / f"query{k}.bin", np.int64) as queries:
         for s0, s1 in bounds:
             seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
-            ids = np.full(len(seq), -1, dtype=np.int64)
+            key = np.full(len(seq), -1, dtype=np.int64)
             at = np.flatnonzero(pos >= k - 1)
-            ids[at] = np.searchsorted(keys, gram[at - 1] * V + seq[at])  # every key is present
-            ids.tofile(f)
+            key[at] = gram[at - 1] * V + seq[at]
+            queries.add(key)
+    windowed_map(keys, queries.array, folder / f"ids{k}.bin", np.int64, -1, search_answer,
+                 window=max(1024, memory // 32), chunk=max(1024, memory // 64))
+    (folder / f"query{k}.bin").unlink()

@@ -95,30 +95,37 @@ def adjust_counts(counts: NGramCounts) -> list[np.ndarray]:
 def compute_discounts(
     adjusted: list[np.ndarray], fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS
 ) -> list[Discount]:
-    """Stage `discounts`: adjusted counts -> D1, D2, D3+ per order from the count-of-counts.
+    """Stage `discounts`: adjusted counts -> D1, D2, D3+ per order from the count-of-counts."""
+    return [discount_of(k, count_of_counts(a), fallback) for k, a in enumerate(adjusted, 1)]
+
+
+def count_of_counts(adjusted: np.ndarray) -> np.ndarray:
+    """(4,) int64 n_1..n_4: how many n-grams have adjusted count 1, 2, 3, 4 (sums over chunks add up)."""
+    return np.bincount(np.minimum(adjusted, 5), minlength=6)[1:5].astype(np.int64)
+
+
+def discount_of(k: int, n: np.ndarray, fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS) -> Discount:
+    """D1, D2, D3+ of order k from its count-of-counts n_1..n_4.
 
     Where the statistics are too sparse (some n_j is 0 or a discount falls outside (0, j]) lmplz stops
     and asks for --discount_fallback; we warn once for that order and use `fallback` instead.
     """
-    out = []
-    for k, a in enumerate(adjusted, 1):
-        n = np.bincount(np.minimum(a, 5), minlength=6)[1:5].astype(np.float64)  # (4,) n_1..n_4
-        d = None
-        if np.all(n > 0):
-            y = n[0] / (n[0] + 2 * n[1])
-            d = [j - (j + 1) * y * n[j] / n[j - 1] for j in (1, 2, 3)]
-            if not all(0 < dj <= j for j, dj in zip((1, 2, 3), d, strict=True)):
-                d = None
-        if d is None:
-            counts = " ".join(f"n{j}={int(x)}" for j, x in enumerate(n, 1))
-            warnings.warn(
-                f"Kneser-Ney order {k}: count-of-counts too sparse for discounts ({counts}); "
-                f"using fallback discounts {' '.join(f'{x:g}' for x in fallback)}",
-                stacklevel=2,
-            )
-            d = list(fallback)
-        out.append(Discount(*(float(x) for x in d)))
-    return out
+    n = np.asarray(n, dtype=np.float64)
+    d = None
+    if np.all(n > 0):
+        y = n[0] / (n[0] + 2 * n[1])
+        d = [j - (j + 1) * y * n[j] / n[j - 1] for j in (1, 2, 3)]
+        if not all(0 < dj <= j for j, dj in zip((1, 2, 3), d, strict=True)):
+            d = None
+    if d is None:
+        counts = " ".join(f"n{j}={int(x)}" for j, x in enumerate(n, 1))
+        warnings.warn(
+            f"Kneser-Ney order {k}: count-of-counts too sparse for discounts ({counts}); "
+            f"using fallback discounts {' '.join(f'{x:g}' for x in fallback)}",
+            stacklevel=3,
+        )
+        d = list(fallback)
+    return Discount(*(float(x) for x in d))
 
 
 def prune_marks(counts: NGramCounts, thresholds: list[int]) -> list[np.ndarray] | None:
@@ -241,7 +248,11 @@ def estimate_model(
         raise SeqlmError("training ids outside the vocabulary; re-encode the text with this vocabulary")
     model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])
     counts = None
-    if memory is not None:  # counting in bounded memory: sorted runs on disk, merged (external.py)
+    if memory is not None and not any(prune):  # every stage on tables in files (external_estimate.py)
+        from seqlm.ngram.external_estimate import estimate_bounded
+
+        return estimate_bounded(stream, model_vocab, order, fallback, memory)
+    if memory is not None:  # counting in bounded memory, pruning in memory (external.py)
         from seqlm.ngram.external import count_ngrams_bounded
 
         counts = count_ngrams_bounded(stream, model_vocab.bos_id, len(model_vocab), order, memory)

@@ -96,6 +96,8 @@ def recompute_backoffs(model: NGramModel) -> NGramModel:
 
 def prune_entropy(model: NGramModel, threshold: float) -> NGramModel:
     """Drop every n-gram of order >= 2 whose removal costs less than `threshold` in relative entropy."""
+    if not isinstance(model, NGramModel):  # a bounded-memory estimate (tables in files): pruned in memory
+        model = model.load()
     V = len(model.vocab)
     for k in range(model.order, 1, -1):
         keep = entropy_deltas(model, k) >= threshold  # (M_k,)
