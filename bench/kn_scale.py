@@ -253,7 +253,8 @@ def main_row(corpus: str, order: int, tmp: Path, kb: Path | None) -> dict:
            "rss_after_import_mb": est["rss_after_import_mb"],
            "estimate_process_wall_seconds": wall, "arpa_bytes": (out_dir / "model.arpa").stat().st_size,
            "binary_bytes": (out_dir / "model.bin").stat().st_size,
-           "arpa_md5": hashlib.md5((out_dir / "model.arpa").read_bytes()).hexdigest()}
+           "arpa_md5": hashlib.md5((out_dir / "model.arpa").read_bytes()).hexdigest(),
+           "binary_md5": hashlib.md5((out_dir / "model.bin").read_bytes()).hexdigest()}
     arpa, _, _ = worker("load", model=out_dir / "model.arpa")
     binary, _, _ = worker("load", model=out_dir / "model.bin", text=files["test"])
     row.update(arpa_load_seconds=arpa["load_seconds"], arpa_load_rss_mb=arpa["load_rss_mb"],
@@ -286,9 +287,15 @@ def memory_row(tmp: Path, kb: Path | None, reference: dict) -> dict:
     row = {"name": "gcide-kn5-memory", "threads": 1, "memory": f"{budget}M",
            "estimate_seconds": est["estimate_seconds"],
            "to_arpa_seconds": est["to_arpa_seconds"], "peak_rss_mb": est["peak_rss_mb"],
+           "arpa_write_seconds": est["arpa_write_seconds"], "binary_write_seconds": est["binary_write_seconds"],
+           "peak_rss_with_writing_mb": est["peak_rss_with_writing_mb"],
+           "rss_after_import_mb": est["rss_after_import_mb"],
            "in_memory_peak_rss_mb": reference["peak_rss_mb"],
            "in_memory_estimate_seconds": reference["estimate_seconds"],
            "arpa_identical_to_in_memory": md5 == reference["arpa_md5"]}
+    if "binary_md5" in reference:
+        row["binary_identical_to_in_memory"] = (
+            hashlib.md5((out_dir / "model.bin").read_bytes()).hexdigest() == reference["binary_md5"])
     if kb is not None:
         row["lmplz_seconds"] = reference.get("lmplz_seconds")
         row["estimate_vs_lmplz"] = row["to_arpa_seconds"] / row["lmplz_seconds"] if row["lmplz_seconds"] else None

@@ -13,6 +13,7 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -27,6 +28,8 @@ from seqlm.data.vocab import EOS, Vocab
 from seqlm.models.kn import KNConfig, estimate_kn
 from seqlm.ngram.counts import count_ngrams
 from seqlm.ngram.external import chunk_bounds, count_ngrams_bounded
+from seqlm.ngram.filearray import Appender
+from seqlm.ngram.index import build_slots, build_slots_file
 
 from conftest import cli_env, write_corpus
 
@@ -92,6 +95,7 @@ import hashlib, json, resource, sys, warnings
 from pathlib import Path
 from seqlm.data.corpus import build_vocab, encode_file
 from seqlm.models.kn import KNConfig, estimate_kn
+from seqlm.ngram.binary import write_binary
 
 small, big, out, headroom = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]) << 20
 warnings.simplefilter("ignore")
@@ -100,12 +104,16 @@ stream = encode_file(big, vocab)  # the id cache, memory-mapped
 small_vocab = build_vocab(small)
 small_stream = encode_file(small, small_vocab)
 for memory in ("", "1M"):  # warm up: every import and lazy allocation happens before the cap
-    estimate_kn(KNConfig(order=3, memory=memory), small_stream, small_vocab).to_arpa(out / "warm.arpa")
+    warm = estimate_kn(KNConfig(order=3, memory=memory), small_stream, small_vocab)
+    warm.to_arpa(out / "warm.arpa")
+    write_binary(warm, out / "warm.bin")
+del warm
 size = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmSize"))
 resource.setrlimit(resource.RLIMIT_AS, (size + headroom, resource.RLIM_INFINITY))
 bounded = estimate_kn(KNConfig(order=3, memory="2M"), stream, vocab)
 sizes = bounded.sizes
 bounded.to_arpa(out / "bounded.arpa")
+write_binary(bounded, out / "bounded.bin")
 del bounded
 try:
     estimate_kn(KNConfig(order=3), stream, vocab).to_arpa(out / "capped.arpa")
@@ -113,15 +121,18 @@ try:
 except MemoryError:
     in_memory = "MemoryError"
 resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-estimate_kn(KNConfig(order=3), stream, vocab).to_arpa(out / "full.arpa")
-same = (out / "bounded.arpa").read_bytes() == (out / "full.arpa").read_bytes()
+full = estimate_kn(KNConfig(order=3), stream, vocab)
+full.to_arpa(out / "full.arpa")
+write_binary(full, out / "full.bin")
+same = all((out / f"bounded.{x}").read_bytes() == (out / f"full.{x}").read_bytes() for x in ("arpa", "bin"))
 print(json.dumps({"in_memory": in_memory, "same": same, "sizes": sizes}))
 """
 
 
 def test_many_distinct_ngrams_under_a_cap_the_in_memory_path_cannot_meet(tmp_path: Path) -> None:
     """Every stage bounded: about a million distinct bigrams and trigrams (random words over 30,000
-    types), which the in-memory estimate cannot hold in the cap; the bounded one writes the same ARPA."""
+    types), which the in-memory estimate cannot hold in the cap; the bounded one writes the same ARPA
+    and binary files."""
     rng = np.random.default_rng(1)
     words = np.array([f"t{i}" for i in range(30_000)])
     lines = [" ".join(words[rng.integers(0, len(words), rng.integers(5, 30))]) for _ in range(60_000)]
@@ -133,7 +144,7 @@ def test_many_distinct_ngrams_under_a_cap_the_in_memory_path_cannot_meet(tmp_pat
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["sizes"][1] > 900_000 and got["sizes"][2] > 900_000, got["sizes"]
     assert got["in_memory"] == "MemoryError", "the cap did not bite: the in-memory estimate fit in the headroom"
-    assert got["same"], "bounded-memory ARPA differs from the in-memory one"
+    assert got["same"], "bounded-memory ARPA or binary differs from the in-memory one"
 
 
 def _stream(sentences: list[list[int]]) -> tuple[Vocab, TokenStream]:
@@ -184,3 +195,15 @@ def test_cli_memory_flag_gives_the_same_model(tmp_path: Path, capsys) -> None:
         vocab, stream = _stream([[1, 2, 3], [2, 3, 1]] * 50)
         assert estimate_kn(KNConfig(order=2, memory="2M"), stream, vocab).sizes == \
             estimate_kn(KNConfig(order=2), stream, vocab).sizes
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31), st.integers(0, 3000), st.sampled_from([16, 100, 1 << 20]))
+def test_slot_table_built_in_windows_equals_the_in_memory_one(seed: int, m: int, window: int) -> None:
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, 10**12, m))
+    with tempfile.TemporaryDirectory() as tmp:
+        with Appender(Path(tmp) / "keys.bin", np.int64) as out:
+            out.add(keys)
+        slots = build_slots_file(out.array, Path(tmp) / "slots.bin", window=window, chunk=37)
+        np.testing.assert_array_equal(np.asarray(slots), build_slots(keys))

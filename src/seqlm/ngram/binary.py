@@ -66,7 +66,7 @@ def _sections(model: NGramModel, with_index: bool) -> Iterator[np.ndarray]:
         if k >= 2:
             slots = model.index[k - 1] if with_index else None
             slots = slots if slots is not None else build_slots(np.asarray(model.keys[k - 1]))
-            yield slots.astype(slots.dtype.newbyteorder("<"), copy=False)
+            yield slots if isinstance(slots, FileArray) else slots.astype(slots.dtype.newbyteorder("<"), copy=False)
 
 
 def _little(a, dtype: str):

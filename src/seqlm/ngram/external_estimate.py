@@ -43,6 +43,7 @@ from seqlm.ngram.filearray import (
     windowed_bincount,
     windowed_map,
 )
+from seqlm.ngram.index import build_slots_file
 from seqlm.ngram.kneser_ney import BOS_LOG10, Discount, _log10_f32, count_of_counts, discount_of
 from seqlm.ngram.model import NGramModel
 
@@ -70,10 +71,11 @@ class DiskNGramModel:
     The folder is deleted when the object is. `load()` gives the in-memory NGramModel."""
 
     def __init__(self, vocab: Vocab, keys: list[Table], log10_prob: list[Table], log10_backoff: list[Table],
-                 folder: Path):
+                 folder: Path, memory: int):
         self.vocab, self.order, self.folder = vocab, len(keys), folder
         self.keys, self.log10_prob, self.log10_backoff = keys, log10_prob, log10_backoff
-        self.index = [None] * self.order  # binary.py builds the hash tables when writing
+        self.index = _Slots(self)  # hash tables (index.py), each built in a file when binary.py asks
+        self.budget = Budget(memory)
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(folder), True)
 
     def __repr__(self) -> str:
@@ -89,6 +91,22 @@ class DiskNGramModel:
     def load(self) -> NGramModel:
         arrays = [[np.asarray(a) for a in tables] for tables in (self.keys, self.log10_prob, self.log10_backoff)]
         return NGramModel(self.vocab, *arrays)
+
+
+class _Slots:
+    """model.index of a DiskNGramModel: order k's slot table built in a file on first use (none at k = 1)."""
+
+    def __init__(self, model: DiskNGramModel):
+        self.model, self.built = weakref.proxy(model), {}
+
+    def __getitem__(self, i: int) -> FileArray | None:
+        if i == 0:
+            return None
+        if i not in self.built:
+            m = self.model
+            self.built[i] = build_slots_file(m.keys[i], m.folder / f"slots{i + 1}.bin", m.budget.window,
+                                             m.budget.chunk)
+        return self.built[i]
 
 
 def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tuple[float, float, float],
@@ -107,7 +125,7 @@ def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tu
     for name in ("counts", "suffix"):
         for t in getattr(counts, name)[1:]:
             t.path.unlink()
-    return DiskNGramModel(vocab, counts.keys, log_p, backoffs, folder)
+    return DiskNGramModel(vocab, counts.keys, log_p, backoffs, folder, memory)
 
 
 def adjust_counts(counts: NGramCounts, folder: Path, b: Budget) -> tuple[list[Table], list[np.ndarray]]:

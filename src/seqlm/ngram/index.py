@@ -87,3 +87,37 @@ def probe(slots: memoryview, keys: memoryview, bits: int, q: int) -> int:
         if i < 0 or keys[i] == q:
             return i
         pos += 1
+
+
+def build_slots_file(keys, out, window: int, chunk: int):
+    """build_slots for keys in a FileArray (filearray.py), written to the file `out` in bounded memory.
+
+    The slot range is cut into windows of `window` slots; for each, the keys are streamed and those
+    whose home slot falls in it placed as build_slots places them (stable by home, so ties go by id),
+    starting after the last slot the previous windows filled (a cluster may run over a window's end)."""
+    from seqlm.ngram.filearray import Appender
+
+    m = len(keys)
+    bits = table_bits(m)
+    dtype = np.int32 if m < 2**31 - 1 else np.int64
+    filled = last = -1  # slots written so far: [0, filled + 1); the last slot taken
+    with Appender(out, dtype) as slots:
+        for w0 in range(0, 1 << bits, window):
+            homes, ids = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+            for a, part in keys.chunks(chunk):
+                home = home_slots(part, bits)  # (c,)
+                mine = np.flatnonzero((home >= w0) & (home < w0 + window))
+                homes.append(home[mine])
+                ids.append(a + mine)
+            home, ids = np.concatenate(homes), np.concatenate(ids)
+            order = np.argsort(home, kind="stable")
+            rank = np.arange(len(home), dtype=np.int64)
+            pos = rank + np.maximum(np.maximum.accumulate(home[order] - rank), last + 1) if len(home) else rank
+            end = max(min(w0 + window, 1 << bits), int(pos[-1]) + 1 if len(pos) else 0, filled + 1)
+            region = np.full(end - (filled + 1), -1, dtype=dtype)
+            region[pos - (filled + 1)] = ids[order]
+            slots.add(region)
+            filled, last = end - 1, int(pos[-1]) if len(pos) else last
+        size = max(1 << bits, last + 2 if m else 1)
+        slots.add(np.full(size - (filled + 1), -1, dtype=dtype))
+    return slots.array
