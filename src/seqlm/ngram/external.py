@@ -28,7 +28,7 @@ from seqlm.data.corpus import TokenStream
 from seqlm.ngram.counts import NGramCounts
 from seqlm.ngram.filearray import Appender, FileArray, search_answer, windowed_map
 
-BYTES_PER_POSITION = 160  # what np.unique with inverse and counts needs per key, with its inputs
+BYTES_PER_POSITION = 256  # measured: ~200 bytes per position at the peak of counting (np.unique and its inputs)
 RUN_FIELDS = 3  # key, count, suffix: int64 each
 
 
@@ -155,7 +155,7 @@ def _count_order(stream, bounds, bos_id, V, k, folder, memory) -> tuple[FileArra
             for o, column in zip(out, (uniq, cnt, gram[at[first]]), strict=True):
                 o.add(column)
     if len(bounds) > 1:
-        runs.merge(max(1024, memory // (4 * RUN_FIELDS * 8 * len(runs.sizes))), out)
+        runs.merge(max(1024, memory // (12 * RUN_FIELDS * 8 * len(runs.sizes))), out)  # ~10x the windows at the peak
     for o in out:
         o.__exit__()
     return out[0].array, out[1].array, out[2].array
