@@ -26,10 +26,11 @@ from seqlm.data.vocab import BOS, EOS, UNK, Vocab
 from seqlm.errors import SeqlmError
 from seqlm.ngram.arpa import ArpaData, read_arpa
 from seqlm.ngram.arpa_write import write_arpa
-from seqlm.ngram.index import lookup, probe, table_bits
+from seqlm.ngram.index import FIB_INT, lookup, table_bits
 from seqlm.protocol import Batch
 
 LN10 = math.log(10.0)
+MASK64 = (1 << 64) - 1  # the hash probe multiplies modulo 2^64 (index.py)
 UNK_LOG10_PROB = -100.0  # what KenLM substitutes when an ARPA file has no <unk>
 
 
@@ -133,37 +134,43 @@ class NGramModel:
         """`walk` for one token, in Python scalars (a decoder's step, a single sentence): far less
         overhead than the array path on one token. context[k-1] is the id at order k of the k words
         before `word` (-1 = not listed), as walk chains them. Returns log10 p, the matched length and
-        the context after `word`, cut to the matched length (KenLM's state minimisation)."""
-        V, views = self._scalar_views()
-        logp, length = views[0][1][word], 1
+        the context after `word`, cut to the matched length (KenLM's state minimisation).
+
+        The hash probe (index.probe) is inlined: this loop is the per-token cost of full_scores."""
+        V, unigram, views = self._scalar_views()
+        logp, length = unigram[word], 1
         after = [word]
-        for k, c in enumerate(context[: self.order - 1], 1):  # c: id at order k, or -1
+        for k, (c, (keys, probs, backoff, slots, shift)) in enumerate(zip(context, views), 1):  # c: order k
             hit = -1
             if c >= 0:
-                keys, probs, _, slots, bits = views[k]
+                q = c * V + word
                 if slots is not None:
-                    hit = probe(slots, keys, bits, c * V + word)
+                    pos = ((q * FIB_INT) & MASK64) >> shift
+                    hit = slots[pos]
+                    while hit >= 0 and keys[hit] != q:
+                        pos += 1
+                        hit = slots[pos]
                 else:
-                    at = bisect_left(keys, c * V + word)
-                    hit = at if at < len(keys) and keys[at] == c * V + word else -1
+                    at = bisect_left(keys, q)
+                    hit = at if at < len(keys) and keys[at] == q else -1
             if hit >= 0:
                 logp, length = probs[hit], k + 1
             elif c >= 0:
-                logp += views[k - 1][2][c]
+                logp += backoff[c]
             after.append(hit)
         return logp, length, tuple(after[: min(length, self.order - 1)])
 
-    def _scalar_views(self) -> tuple[int, list[tuple]]:
-        """V, and per order memoryviews of keys, log10 p, back-off, hash slots (or None) and table bits."""
+    def _scalar_views(self) -> tuple[int, memoryview, list[tuple]]:
+        """V, the unigram log10 p, and per order k + 1 >= 2 memoryviews of its keys, log10 p, order k's
+        back-off, its hash slots (or None) and the probe's shift (64 - table bits)."""
         if getattr(self, "_views", None) is None:
             def view(a):
                 return memoryview(np.ascontiguousarray(a)) if a is not None else None
 
-            self._views = len(self.vocab), [
-                (view(self.keys[k]), view(self.log10_prob[k]),
-                 view(self.log10_backoff[k]) if k < self.order - 1 else None,
-                 view(self.index[k]), table_bits(len(self.keys[k])))
-                for k in range(self.order)
+            self._views = len(self.vocab), view(self.log10_prob[0]), [
+                (view(self.keys[k]), view(self.log10_prob[k]), view(self.log10_backoff[k - 1]),
+                 view(self.index[k]), 64 - table_bits(len(self.keys[k])))
+                for k in range(1, self.order)
             ]
         return self._views
 

@@ -89,11 +89,13 @@ class NgramModel:
     def full_scores(self, sentence: str | list[str], bos: bool = True, eos: bool = True
                     ) -> Iterator[tuple[float, int, bool]]:
         """(log10 p, length of the n-gram matched, is OOV) for each word, then </s> when eos."""
-        words = sentence.split() if isinstance(sentence, str) else list(sentence)
-        ids = np.array(self.vocab.encode(words) + ([self.vocab.eos_id] if eos else []), dtype=np.int64)
-        oov = (ids == self.vocab.unk_id).tolist()  # as KenLM: whatever maps to <unk>, a literal <unk> too
-        logp, length = self._score_ids(ids, bos)
-        return zip(logp.tolist(), length.tolist(), oov, strict=True)
+        words = sentence.split() if isinstance(sentence, str) else sentence
+        stoi, unk = self.vocab.stoi, self.vocab.unk_id
+        context: tuple[int, ...] = (self.vocab.bos_id,) if bos else ()
+        score = self.model.score_word
+        for w in [stoi.get(w, unk) for w in words] + ([self.vocab.eos_id] if eos else []):
+            logp, length, context = score(context, w)
+            yield logp, length, w == unk  # as KenLM: whatever maps to <unk>, a literal <unk> too
 
     def score(self, sentence: str | list[str], bos: bool = True, eos: bool = True) -> float:
         """log10 probability of the sentence (from <s> when bos, with </s> when eos)."""
@@ -103,14 +105,6 @@ class NgramModel:
         """10 ** (-log10 P / tokens), </s> counted, as kenlm.Model.perplexity."""
         scores = [p for p, _, _ in self.full_scores(sentence)]
         return math.pow(10.0, -sum(scores) / len(scores))
-
-    def _score_ids(self, ids: np.ndarray, bos: bool) -> tuple[np.ndarray, np.ndarray]:
-        """log10 p and matched length of each id, from <s> (bos) or from no context at all."""
-        context: tuple[int, ...] = (self.vocab.bos_id,) if bos else ()
-        logp, length = np.zeros(len(ids)), np.zeros(len(ids), dtype=np.int64)
-        for t, w in enumerate(ids.tolist()):
-            logp[t], length[t], context = self.model.score_word(context, w)
-        return logp, length
 
     # ---- incremental scoring (decoders) ---------------------------------------------------------
 
