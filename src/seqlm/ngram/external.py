@@ -6,14 +6,15 @@ of the token stream), order by order as the in-memory counter goes:
 
     order k, chunk c:  keys of the k-grams ending in the chunk (prefix id at k-1 * V + word)
                        -> np.unique with counts: a sorted run, spilled to disk
-    all runs           -> merged window by window (a k-way merge of sorted files): keys_k, counts_k, suffix_k
-    chunk c again      -> the id at order k of the k-gram ending at each position, written to a file
-                          that the next order reads as its prefixes
+    all runs           -> merged window by window (a k-way merge of sorted files) into the files
+                          keys{k}, counts{k}, suffix{k} (filearray.FileArray)
+    chunk c again      -> each position's key, then its id at order k (found window by window over
+                          keys{k}): a file that the next order reads as its prefixes
 
-Only one chunk's positions, one window per run and the distinct n-grams themselves are in memory; the
-per-position id files and the runs live in a temporary directory (next to the id cache's drive by
-default, `TMPDIR` otherwise) and are deleted at the end. The distinct n-gram tables are what the
-later stages (adjust, discount, interpolate) work on, and they stay in memory.
+Only one chunk's positions, one window per run and one window of keys{k} are in memory. The unigram
+counts (vocabulary-sized) stay in memory. `count_to_files` leaves the per-order tables in the folder
+it is given (external_estimate.py works on them); `count_ngrams_bounded` reads them back into arrays
+and deletes its temporary folder (in TMPDIR unless told otherwise).
 """
 
 from __future__ import annotations

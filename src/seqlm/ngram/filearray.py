@@ -143,7 +143,11 @@ def search_answer(rows: np.ndarray, w0: int, q: np.ndarray) -> tuple[np.ndarray,
     if len(rows) == 0:
         return np.zeros(len(q), dtype=bool), np.zeros(0, dtype=np.int64)
     mask = (q >= rows[0]) & (q <= rows[-1])
-    return mask, w0 + np.searchsorted(rows, q[mask])
+    wanted = q[mask]
+    order = np.argsort(wanted)  # sorted needles search ~10x faster (each search starts at the last hit)
+    found = np.empty(len(wanted), dtype=np.int64)
+    found[order] = w0 + np.searchsorted(rows, wanted[order])
+    return mask, found
 
 
 def windowed_bincount(values: Table, bins: int, out: str | Path, window: int, chunk: int) -> FileArray:
