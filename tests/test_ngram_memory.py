@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,7 @@ PROBE = r"""
 import json, resource, sys, warnings
 from pathlib import Path
 import numpy as np
+import pytest
 from seqlm.data.corpus import build_vocab, encode_file
 from seqlm.models.kn import KNConfig, estimate_kn
 
@@ -207,3 +209,13 @@ def test_slot_table_built_in_windows_equals_the_in_memory_one(seed: int, m: int,
             out.add(keys)
         slots = build_slots_file(out.array, Path(tmp) / "slots.bin", window=window, chunk=37)
         np.testing.assert_array_equal(np.asarray(slots), build_slots(keys))
+
+
+def test_a_temporary_folder_that_cannot_be_made_is_a_one_line_error(tmp_path: Path) -> None:
+    from seqlm.errors import SeqlmError
+    from seqlm.ngram.external_estimate import estimate_bounded
+
+    vocab, stream = _stream([[1, 2, 3], [2, 3, 1]] * 50)
+    model_vocab = Vocab(vocab.itos + ["<s>"], vocab.counts + [0])
+    with pytest.raises(SeqlmError, match="TMPDIR"):
+        estimate_bounded(stream, model_vocab, 3, (0.5, 1.0, 1.5), 2**20, tmp_dir=tmp_path / "missing" / "dir")

@@ -34,7 +34,7 @@ class KNConfig:
     prune: str = "0"
     # SRILM -prune: drop n-grams whose removal raises the relative entropy less than this (Stolcke 1998)
     prune_entropy: float = 0.0
-    # lmplz -S: counting memory (e.g. 1G, 300M); beyond it sorted runs spill to disk; "" = unbounded
+    # lmplz -S: estimation memory (e.g. 1G, 300M); every stage works on tables in files (TMPDIR); "" = all in RAM
     memory: str = ""
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
 from seqlm.ngram.arpa_write import write_arpa
 from seqlm.ngram.counts import NGramCounts
 from seqlm.ngram.external import count_to_files
@@ -116,14 +117,26 @@ class _Slots:
 
 def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tuple[float, float, float],
                      memory: int, tmp_dir: str | Path | None = None) -> DiskNGramModel:
-    """kneser_ney.estimate_model in about `memory` bytes of working space; `vocab` has <s> appended."""
-    folder = Path(tempfile.mkdtemp(prefix="seqlm-kn-", dir=tmp_dir))
+    """kneser_ney.estimate_model in about `memory` bytes of working space; `vocab` has <s> appended.
+
+    The tables go to a new folder in `tmp_dir` (default: TMPDIR); a folder that cannot be made or
+    filled (a full disk) is a SeqlmError."""
+    where = tmp_dir or tempfile.gettempdir()
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="seqlm-kn-", dir=tmp_dir))
+    except OSError as e:
+        raise SeqlmError(f"--memory: cannot make a folder for the estimate's tables in {where} ({e.strerror}); "
+                         "set TMPDIR to a directory on a disk with room") from None
     try:
         budget = Budget(memory)
         counts = count_to_files(stream, vocab.bos_id, len(vocab), order, memory, folder)
         adjusted, coc = adjust_counts(counts, folder, budget)
         discounts = [discount_of(k, n, fallback) for k, n in enumerate(coc, 1)]
         log_p, backoffs = interpolate(counts, adjusted, discounts, folder, budget)
+    except OSError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise SeqlmError(f"--memory: writing the estimate's tables in {folder} failed ({e.strerror}); "
+                         "set TMPDIR to a disk with room (GCIDE KN5 needs about 300 MB)") from None
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
