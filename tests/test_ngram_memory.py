@@ -219,3 +219,39 @@ def test_a_temporary_folder_that_cannot_be_made_is_a_one_line_error(tmp_path: Pa
     model_vocab = Vocab(vocab.itos + ["<s>"], vocab.counts + [0])
     with pytest.raises(SeqlmError, match="TMPDIR"):
         estimate_bounded(stream, model_vocab, 3, (0.5, 1.0, 1.5), 2**20, tmp_dir=tmp_path / "missing" / "dir")
+
+
+def _bounded_equals_in_memory(sentences: list[list[int]], order: int, tmp: Path) -> None:
+    """estimate_bounded at the smallest budget (1024-row chunks and windows) against the in-memory
+    estimate: the same tables, ARPA bytes and binary bytes."""
+    from seqlm.ngram.binary import write_binary
+    from seqlm.ngram.external_estimate import estimate_bounded
+    from seqlm.ngram.kneser_ney import estimate_model
+
+    vocab, stream = _stream(sentences)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = estimate_model(stream, vocab, order)
+        bounded = estimate_bounded(stream, full.vocab, order, (0.5, 1.0, 1.5), memory=0, tmp_dir=tmp)
+    for name in ("keys", "log10_prob", "log10_backoff"):
+        for x, y in zip(getattr(full, name), getattr(bounded, name), strict=True):
+            np.testing.assert_array_equal(x, np.asarray(y))
+    for model, stem in ((full, "full"), (bounded, "bounded")):
+        model.to_arpa(tmp / f"{stem}.arpa")
+        write_binary(model, tmp / f"{stem}.bin")
+    for ext in ("arpa", "bin"):
+        assert (tmp / f"full.{ext}").read_bytes() == (tmp / f"bounded.{ext}").read_bytes()
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 5), st.sampled_from([5, 60, 3000]))
+def test_every_bounded_stage_equals_the_in_memory_estimate(seed: int, order: int, types: int) -> None:
+    rng = np.random.default_rng(seed)
+    sentences = [rng.integers(0, types, rng.integers(0, 25)).tolist() for _ in range(rng.integers(1, 600))]
+    with tempfile.TemporaryDirectory() as tmp:
+        _bounded_equals_in_memory(sentences, order, Path(tmp))
+
+
+def test_a_context_with_more_continuations_than_a_chunk(tmp_path: Path) -> None:
+    """<s> followed by 2,500 different words: one context longer than the 1,024-row chunks."""
+    _bounded_equals_in_memory([[i, i % 7, i % 3] for i in range(2500)], 3, tmp_path)
