@@ -38,7 +38,8 @@ def chunk_bounds(starts: np.ndarray, max_positions: int) -> list[tuple[int, int]
     bounds, s0, n = [], 0, len(starts) - 1
     while s0 < n:
         limit = starts[s0] + s0 + max_positions  # augmented position where the chunk must end
-        aug_end = starts[s0 + 1 :] + np.arange(s0 + 1, n + 1)  # (n - s0,) augmented end of each sentence
+        s_end = min(n, s0 + max_positions)  # each sentence takes at least one position (its <s>)
+        aug_end = starts[s0 + 1 : s_end + 1] + np.arange(s0 + 1, s_end + 1)  # (<= max_positions,) sentence ends
         s1 = s0 + max(1, int(np.searchsorted(aug_end, limit, side="right")))
         bounds.append((s0, s1))
         s0 = s1
