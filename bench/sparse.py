@@ -58,6 +58,8 @@ VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     # V x H output matrix trains at a third of the full softmax's speed here, beyond this budget)
     "codes-cbias": ["--codes", "{codes}", *NCE, "--normaliser", "regression"],
     "codes-ibias": ["--codes", "{codes}", "--code-bias", "true", *NCE, "--normaliser", "regression"],
+    # (d) plus a fixed log-unigram offset per word (not trained): what (d) lacks to keep rare words low
+    "codes-cbias-prior": ["--codes", "{codes}", *NCE, "--normaliser", "regression", "--code-bias-prior", "true"],
     # the first table's rows, noise shared by the batch (measured against per-token noise: worse at equal epochs)
     "nce-batchnoise": [*NCE_BATCH, "--normaliser", "one"],
     "nce-zreg-batchnoise": [*NCE_BATCH, "--normaliser", "regression"],

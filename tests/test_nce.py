@@ -138,14 +138,16 @@ def test_every_family_takes_nce_and_codes_through_the_shared_builder(tmp_path, c
     sizes = ["--hidden", "16"] + (["--embed", "16", "--order", "2"] if fam in ("fnn", "fofe") else [])
     sizes += ["--output", "full"] if fam == "rnn" else []
     for name, extra in (("nce", ["--objective", "nce", "--noise-samples", "4"]),
-                        ("codes", ["--codes", str(tmp_path / "codes.txt")])):
+                        ("codes", ["--codes", str(tmp_path / "codes.txt")]),
+                        ("codes-prior", ["--codes", str(tmp_path / "codes.txt"), "--objective", "nce",
+                                         "--noise-samples", "4", "--code-bias-prior", "true"])):
         out = tmp_path / f"{fam}-{name}"
         assert main(["train", "--model", fam, "--data", str(corpus), "--out", str(out), "--max-epochs", "1",
                      "--threads", "1", *sizes, *extra]) == 0
         model = __import__("seqlm").load(out)
         logp, _ = model.step(torch.tensor([0, 3]), model.initial_state(2))
         assert torch.allclose(logp.exp().sum(-1), torch.ones(2), atol=1e-5)
-        if name == "codes":  # nothing trainable grows with V (42 words): the B = 12 base rows (10 + </s>, <unk>)
+        if name.startswith("codes"):  # nothing trainable grows with V (42 words): B = 12 base rows (10, </s>, <unk>)
             assert len(model.vocab) == 42 and model.config.vocab_layers.code_base == 12
             assert all(len(model.vocab) not in p.shape for p in model.parameters())
     capsys.readouterr()

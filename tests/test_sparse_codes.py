@@ -120,3 +120,33 @@ def test_coded_layers_equal_dense_products(free_bias):
     assert torch.allclose(out(h), h @ (X @ out.base).T + bias, atol=1e-6)  # D x_i . h + b_i
     w, b = out.rows(torch.tensor([4, 5]))
     assert torch.allclose(w, (X @ out.base)[[4, 5]], atol=1e-6) and torch.allclose(b, bias[[4, 5]], atol=1e-6)
+
+
+def test_compressed_bias_with_prior_is_code_bias_plus_fixed_log_unigram(tmp_path):
+    """--code-bias-prior: b_i = c^T x_i + log u_i with log u_i a buffer (not trained, V-independent parameters);
+    through build_output with NCE every word starts at its own unigram log-probability (c = 0), where the
+    plain compressed bias gives a rare word its base words' values."""
+    from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
+
+    vocab, _, X = _codes_fixture()
+    book = CodeBook(["a", "b"], {"a": [(0, 1.0)], "b": [(1, 1.0)], "c": [(0, 0.25), (1, 0.75)], "d": [(1, 0.5)]})
+    book.write(tmp_path / "codes.txt")
+    log_u = torch.log(torch.tensor(vocab.counts, dtype=torch.float64) / sum(vocab.counts)).float()
+    h = torch.zeros(1, 3)
+    for prior in (False, True):
+        cfg = VocabLayerConfig(codes=str(tmp_path / "codes.txt"), objective="nce", noise_samples=2,
+                               code_bias_prior=prior)
+        emb = build_embedding(cfg, vocab, 3)
+        layer = build_output(cfg, vocab, 3, emb)
+        trainable = {n for n, p in layer.named_parameters() if p.requires_grad}
+        assert not any("prior" in n for n in trainable)
+        start = layer.proj(h)[0]  # (V,) the biases alone
+        if prior:
+            assert torch.allclose(start, log_u, atol=1e-6)
+            with torch.no_grad():
+                layer.proj.bias.normal_()
+            w, b = layer.proj.rows(torch.tensor([4, 5]))
+            assert torch.allclose(b, (X @ layer.proj.bias + log_u)[[4, 5]], atol=1e-6)
+            assert "prior" in layer.proj.state_dict()  # saved with the model
+        else:  # word c (id 4) = 0.25 a + 0.75 b: its start is its base words' mix, not its own count
+            assert torch.allclose(start[4], 0.25 * log_u[2] + 0.75 * log_u[3], atol=1e-6)

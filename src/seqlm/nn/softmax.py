@@ -218,6 +218,7 @@ class VocabLayerConfig:
     normaliser: str = "one"  # nce: one (Z_h = 1) | regression (ZRegression, log Z_h = w_Z . h + b_Z)
     codes: str = ""  # sparse codes file (seqlm sparse-codes): embedding U x, output weights D x, far fewer parameters
     code_bias: bool = False  # with --codes: a free output bias per word instead of the compressed c^T x
+    code_bias_prior: bool = False  # compressed bias: c^T x plus each word's fixed log unigram probability
     code_base: int = 0  # set from --codes when the model is first built: base rows (not an option)
     code_nonzeros: int = 0  # set from --codes when the model is first built: non-zero code entries (not an option)
 
@@ -263,7 +264,8 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
     if cfg.codes:
         if not isinstance(embedding, CodedEmbedding):
             raise SeqlmError("--codes: this family has no word embedding to share its codes with")
-        proj = CodedLinear(embedding.codes, hidden, cfg.code_bias)
+        proj = CodedLinear(embedding.codes, hidden, cfg.code_bias, _log_unigram(vocab) if cfg.code_bias_prior and
+                           not cfg.code_bias else None)
     nce = None
     if cfg.objective == "nce":
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu")
@@ -276,9 +278,18 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
     return layer
 
 
+def _log_unigram(vocab: Vocab) -> Tensor:
+    """(V,) log unigram probabilities from the vocabulary's counts (unseen words count 1)."""
+    counts = torch.tensor(vocab.counts, dtype=torch.float64, device="cpu").clamp(min=1)
+    return torch.log(counts / counts.sum()).float()
+
+
 @torch.no_grad()
 def _unigram_bias(proj: nn.Module, counts: Tensor) -> None:
-    """Output biases = log unigram probabilities; a compressed bias c gets each base word's own value."""
+    """Output biases = log unigram probabilities; a compressed bias c gets each base word's own value
+    (or stays 0 where a fixed log-unigram prior already gives every word its own)."""
+    if getattr(proj, "prior", None) is not None:
+        return
     log_p = torch.log(counts.double().clamp(min=1) / counts.double().clamp(min=1).sum()).float()  # (V,)
     if proj.bias.numel() == log_p.numel():
         proj.bias.copy_(log_p)

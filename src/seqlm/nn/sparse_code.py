@@ -162,7 +162,7 @@ class CodedLinear(nn.Module):
     and biases (what sampled objectives need). The codes are the embedding's (shared, not re-registered).
     """
 
-    def __init__(self, codes: SparseCodes, hidden: int, free_bias: bool):
+    def __init__(self, codes: SparseCodes, hidden: int, free_bias: bool, prior: Tensor | None = None):
         super().__init__()
         self._codes = (codes,)  # a tuple hides the shared module from registration: saved once
         self.base = nn.Parameter(torch.empty(codes.num_base, hidden))  # D^T: (B, H)
@@ -170,6 +170,9 @@ class CodedLinear(nn.Module):
         size = codes.vocab_size if free_bias else codes.num_base
         self.bias = nn.Parameter(torch.zeros(size))  # b (V,) or c (B,)
         self.free_bias = free_bias
+        # A fixed per-word offset (log unigram probability; not trained) under a compressed bias: a rare word's
+        # c^T x_i mixes frequent base words' biases, so without it rare words score like frequent ones.
+        self.register_buffer("prior", prior)  # (V,) or None
 
     @property
     def codes(self) -> SparseCodes:
@@ -179,8 +182,10 @@ class CodedLinear(nn.Module):
         if self.free_bias:
             return self.bias if ids is None else self.bias[ids]
         table = self.bias.unsqueeze(1)  # (B, 1)
-        out = self.codes.all_rows(table) if ids is None else self.codes.rows(ids, table)
-        return out.squeeze(1)  # (V,) or (N,)
+        out = (self.codes.all_rows(table) if ids is None else self.codes.rows(ids, table)).squeeze(1)  # (V,) or (N,)
+        if self.prior is not None:
+            out = out + (self.prior if ids is None else self.prior[ids])
+        return out
 
     def rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         return self.codes.rows(ids, self.base), self._bias_rows(ids)  # (N, H), (N,)
