@@ -38,6 +38,15 @@ HEADROOM_MB = 48
 BLOCK_SENTENCES = 600
 REPEATS = 300  # about 3M tokens: in memory that is ~300 MB of sort buffers; the distinct n-grams are few
 
+# both probes: the big corpus's vocabulary and memory-mapped id cache, and a small corpus to warm up on
+CORPORA = r"""
+warnings.simplefilter("ignore")
+vocab = build_vocab(big)
+stream = encode_file(big, vocab)  # the id cache, memory-mapped
+small_vocab = build_vocab(small)
+small_stream = encode_file(small, small_vocab)
+"""
+
 PROBE = r"""
 import json, resource, sys, warnings
 from pathlib import Path
@@ -47,12 +56,7 @@ from seqlm.data.corpus import build_vocab, encode_file
 from seqlm.models.kn import KNConfig, estimate_kn
 
 small, big, headroom = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) << 20
-warnings.simplefilter("ignore")
-vocab = build_vocab(big)
-stream = encode_file(big, vocab)  # the id cache, memory-mapped
-small_vocab = build_vocab(small)
-small_stream = encode_file(small, small_vocab)
-for memory in ("", "1M"):  # warm up: every import and lazy allocation happens before the cap
+""" + CORPORA + r"""for memory in ("", "1M"):  # warm up: every import and lazy allocation happens before the cap
     estimate_kn(KNConfig(order=3, memory=memory), small_stream, small_vocab)
 size = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmSize"))
 resource.setrlimit(resource.RLIMIT_AS, (size + headroom, resource.RLIM_INFINITY))
@@ -100,12 +104,7 @@ from seqlm.models.kn import KNConfig, estimate_kn
 from seqlm.ngram.binary import write_binary
 
 small, big, out, headroom = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]) << 20
-warnings.simplefilter("ignore")
-vocab = build_vocab(big)
-stream = encode_file(big, vocab)  # the id cache, memory-mapped
-small_vocab = build_vocab(small)
-small_stream = encode_file(small, small_vocab)
-for memory in ("", "1M"):  # warm up: every import and lazy allocation happens before the cap
+""" + CORPORA + r"""for memory in ("", "1M"):  # warm up: every import and lazy allocation happens before the cap
     warm = estimate_kn(KNConfig(order=3, memory=memory), small_stream, small_vocab)
     warm.to_arpa(out / "warm.arpa")
     write_binary(warm, out / "warm.bin")
