@@ -170,6 +170,14 @@ def _started_too_early(r: dict, bench: str) -> list[str]:
             for x in cannot_have_produced(r, rev, bench)]
 
 
+def _script(row: dict, bench: str) -> str:
+    """The script that wrote the row: the one its command names (a table may hold rows another script
+    mirrors into it, e.g. transformer_ptb's rows in dae.json), else the table's own."""
+    words = (row.get("command") or "").split()
+    named = [w for w in words if w.startswith("bench/") and w.endswith(".py")]
+    return named[0][len("bench/"):-len(".py")] if named else bench
+
+
 def backfill(path: Path) -> list[tuple[str, str]]:
     """Give every legacy row of `path` what is known of its provenance, audit every row; return the audit lines."""
     with open(RESULTS / f".{path.stem}.lock", "w") as lock:
@@ -182,7 +190,7 @@ def backfill(path: Path) -> list[tuple[str, str]]:
                                                    "date": doc.get("date"), "results_commit": "uncommitted"}),
                         doc["bench"])
             rev = r["git_rev"] if "runs" in r else r["recorded_in_file_header"]["git_rev"]
-            why = [f"{rev}: {x}" for x in cannot_have_produced(r, str(rev), doc["bench"])] if rev else []
+            why = [f"{rev}: {x}" for x in cannot_have_produced(r, str(rev), _script(r, doc["bench"]))] if rev else []
             if "runs" not in r:
                 why += _started_too_early(r, doc["bench"])
             r["provenance_audit"] = "; ".join(why) if why else f"no contradiction found at {rev}"
