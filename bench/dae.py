@@ -48,6 +48,9 @@ ROWS = {
     # the character pair again with 15 minutes each instead of 3.5: does the code start to pay with time?
     "char-baseline-15m": ["--unit", "char", "--peek", "false", "--max-minutes", "15"],
     "char-semhash-15m": ["--unit", "char", "--max-minutes", "15"],
+    # the same with a longer side path before the bottleneck (the paper pre-trains 10,000 steps; an epoch is ~1,250)
+    "char-semhash-15m-pre600": ["--unit", "char", "--max-minutes", "15", "--pretrain-steps", "600"],
+    "char-semhash-15m-pre1200": ["--unit", "char", "--max-minutes", "15", "--pretrain-steps", "1200"],
 }
 
 
@@ -62,7 +65,7 @@ ROWS["synthetic-semhash"] = []
 
 
 def _baseline(name: str) -> str:
-    if name.endswith("-15m"):
+    if "-15m" in name:
         return "char-baseline-15m"
     return name.split("-")[0] + "-baseline" if name.startswith(("word", "synthetic")) else "char-baseline"
 
