@@ -51,6 +51,10 @@ ROWS = {
     # the same with a longer side path before the bottleneck (the paper pre-trains 10,000 steps; an epoch is ~1,250)
     "char-semhash-15m-pre600": ["--unit", "char", "--max-minutes", "15", "--pretrain-steps", "600"],
     "char-semhash-15m-pre1200": ["--unit", "char", "--max-minutes", "15", "--pretrain-steps", "1200"],
+    # s at the same positions whatever the length of c(s) (`--code-positions fixed`), baseline and DAE alike
+    "char-baseline-15m-fixedpos": ["--unit", "char", "--peek", "false", "--max-minutes", "15", "--code-positions",
+                                   "fixed"],
+    "char-semhash-15m-fixedpos": ["--unit", "char", "--max-minutes", "15", "--code-positions", "fixed"],
 }
 
 
@@ -66,7 +70,7 @@ ROWS["synthetic-semhash"] = []
 
 def _baseline(name: str) -> str:
     if "-15m" in name:
-        return "char-baseline-15m"
+        return "char-baseline-15m" + ("-fixedpos" if name.endswith("-fixedpos") else "")
     return name.split("-")[0] + "-baseline" if name.startswith(("word", "synthetic")) else "char-baseline"
 
 

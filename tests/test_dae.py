@@ -53,8 +53,9 @@ def test_prefix_is_the_reversed_code_then_the_separator():
     assert resets[:, :4].tolist() == [[True, False, False, False], [False, False, True, False]]
 
 
-def test_batched_rows_score_as_alone():
-    model = _dae()
+@pytest.mark.parametrize("positions", ["segment", "fixed"])
+def test_batched_rows_score_as_alone(positions):
+    model = _dae(code_positions=positions)
     with torch.no_grad():
         together = model.score(_rows(SENTS))
         for b, s in enumerate(SENTS):
@@ -72,10 +73,11 @@ def test_the_code_matters_only_when_the_model_peeks(peek):
     assert torch.allclose(before, after, atol=1e-6) != peek
 
 
-@pytest.mark.parametrize("bottleneck", ["semhash", "gumbel"])
-def test_decoding_from_a_code_gives_the_scores_of_the_sentence_with_that_code(bottleneck):
+@pytest.mark.parametrize(("bottleneck", "positions", "peek"), [
+    ("semhash", "segment", True), ("gumbel", "segment", True), ("semhash", "fixed", True), ("semhash", "fixed", False)])
+def test_decoding_from_a_code_gives_the_scores_of_the_sentence_with_that_code(bottleneck, positions, peek):
     """step() from start_state(c(s)) through s == score(s): the cache path equals the full forward pass."""
-    model = _dae(bottleneck=bottleneck)
+    model = _dae(bottleneck=bottleneck, code_positions=positions, peek=peek)
     s = SENTS[0]
     batch = _rows([s])
     with torch.no_grad():
@@ -87,6 +89,16 @@ def test_decoding_from_a_code_gives_the_scores_of_the_sentence_with_that_code(bo
             out.append(logp[0, w])
             tok = torch.tensor([w])
         assert torch.allclose(torch.stack(out), model.score(batch)[0], atol=1e-5)
+
+
+def test_fixed_positions_put_the_separator_at_one_place_whatever_the_code_length():
+    model = _dae(code_positions="fixed")
+    for m in (1, 2, 5):
+        x = torch.zeros(2, m + 1 + 4, 16)  # [m symbols, separator, 4 tokens]
+        pos = model._positions(x, m)
+        assert pos[:, m].tolist() == [model.fixed_start] * 2 and int(pos.min()) >= 0
+        assert pos[0, m + 1 :].tolist() == list(range(model.fixed_start + 1, model.fixed_start + 5))
+    assert _dae()._positions(torch.zeros(1, 3, 16), 1) is None  # the default: each segment's own positions
 
 
 def test_training_adds_the_latent_models_loss_on_detached_symbols():

@@ -56,6 +56,7 @@ class DAEConfig:
     tau_min: float = 0.1  # gumbel: lowest temperature
     anneal_rate: float = 1e-3  # gumbel: tau = max(tau_min, tau_start exp(-rate step))
     peek: bool = True  # false: the sequence model cannot see c(s) (the equal-capacity baseline)
+    code_positions: str = "segment"  # segment: s's positions follow c(s)'s | fixed: s starts at one position always
     latent_layers: int = 1  # latent model (predicts c(s) for sampling): Transformer blocks
     latent_d_model: int = 64  # latent model: hidden size
     latent_share: float = 0.125  # share of a batch's rows the latent model learns from (it is costly, and only samples)
@@ -66,6 +67,7 @@ class DAEConfig:
                  "latent_d_model", "tau_start", "tau_min")
         non_negative(self, "k", "noise_std", "pretrain_steps", "anneal_rate")
         choice("bottleneck", self.bottleneck, ("semhash", "gumbel"))
+        choice("code_positions", self.code_positions, ("segment", "fixed"))
         dropout_rate(self.dropout)
         if self.d_model % self.heads:
             raise SeqlmError(f"--d-model ({self.d_model}) must be a multiple of --heads ({self.heads})")
@@ -90,10 +92,11 @@ class DAELM(nn.Module):
     """The sequence model `lm` reading c(s) from `code`, and the `latent` model of the symbols."""
 
     def __init__(self, vocab: Vocab, lm: TransformerLM, code: Compress, latent: TransformerLM, bits: int, peek: bool,
-                 latent_share: float = 1.0):
+                 latent_share: float = 1.0, fixed_start: int = 0):
         super().__init__()
         self.vocab, self.lm, self.code, self.latent, self.bits, self.peek = vocab, lm, code, latent, bits, peek
         self.latent_share = latent_share
+        self.fixed_start = fixed_start  # > 0: the separator's position, whatever c(s)'s length (s follows it)
         self.sep = nn.Parameter(torch.randn(lm.embed.embedding_dim) * 0.02)
 
     def _prefixed(self, dense: Tensor, m: Tensor, tail: Tensor) -> tuple[Tensor, Tensor]:
@@ -108,6 +111,14 @@ class DAELM(nn.Module):
         sep = self.sep.to(tail.dtype).expand(B, 1, -1)
         return torch.cat([prefix.to(tail.dtype), sep, tail], dim=1), resets
 
+    def _positions(self, x: Tensor, m_max: int) -> Tensor | None:
+        """(B, L) positions of [c(s) left-padded to m_max symbols, separator, s] with the separator at
+        `fixed_start` in every row, so a token of s has the same position whatever the length of c(s)."""
+        if not self.fixed_start:
+            return None
+        pos = self.fixed_start - m_max + torch.arange(x.shape[1], device=x.device)  # (L,) >= 0: m_max <= start
+        return pos.unsqueeze(0).expand(x.shape[0], -1)
+
     def encode(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """c(s) of each row's sentence (its targets): dense (B, M, D), symbols (B, M), mask (B, M)."""
         if not bool(batch.resets[:, 0].all()) or bool(batch.resets[:, 1:].any()):
@@ -117,7 +128,7 @@ class DAELM(nn.Module):
     def forward(self, batch: Batch, state: None = None):
         dense, symbols, m = self.encode(batch)
         x, resets = self._prefixed(dense, m, self.lm.embed(batch.inputs))
-        h = self.lm.windows(x, resets)[:, dense.shape[1] + 1 :]  # (B, T, D) the positions that predict s
+        h = self.lm.windows(x, resets, pos=self._positions(x, dense.shape[1]))[:, dense.shape[1] + 1 :]  # (B, T, D)
         logp = self.lm.target_logp(h, batch)  # (B, T)
         if not self.training:
             return logp, None
@@ -146,7 +157,7 @@ class DAELM(nn.Module):
         dense = self.code.bottleneck.embed_symbols(symbols)  # (B, M, D)
         m = torch.ones_like(symbols, dtype=torch.bool)
         x, resets = self._prefixed(dense, m, dense.new_zeros(symbols.shape[0], 0, dense.shape[-1]))
-        return self.lm.prime(x, resets)
+        return self.lm.prime(x, resets, self._positions(x, symbols.shape[1]))
 
     def initial_state(self, batch_size: int) -> tuple:
         """A sentence start with an empty code (the sequence model after the separator alone)."""
@@ -191,4 +202,7 @@ def build_dae(cfg: DAEConfig, vocab: Vocab) -> DAELM:
                            heads=max(1, cfg.latent_d_model // 32), d_ff=4 * cfg.latent_d_model,
                            context=cfg.context // cfg.K + 2, stride=0, positions="learned", tie_embeddings=True,
                            dropout=0.0)
-    return DAELM(vocab, lm, code, latent, bits=cfg.bits, peek=cfg.peek, latent_share=cfg.latent_share)
+    # fixed positions: the separator after the most symbols a sentence that fits the context can have
+    fixed_start = cfg.context // cfg.K + 1 if cfg.code_positions == "fixed" else 0
+    return DAELM(vocab, lm, code, latent, bits=cfg.bits, peek=cfg.peek, latent_share=cfg.latent_share,
+                 fixed_start=fixed_start)

@@ -91,9 +91,11 @@ class TransformerLM(nn.Module):
             nn.init.normal_(self.pos, std=0.02)
 
     # -- the network ---------------------------------------------------------------------------------------
-    def run(self, x: Tensor, resets: Tensor) -> tuple[Tensor, list]:
-        """Input vectors (B, L, D) of rows of segments (L <= context) -> final hidden (B, L, D), per-layer K/V."""
-        pos, mask = segment_layout(resets)  # (B, L), (B, 1, L, L)
+    def run(self, x: Tensor, resets: Tensor, pos: Tensor | None = None) -> tuple[Tensor, list]:
+        """Input vectors (B, L, D) of rows of segments (L <= context) -> final hidden (B, L, D), per-layer K/V.
+        `pos` (B, L): positions to use instead of each segment's own 0, 1, ... (a prefix read before a segment)."""
+        seg_pos, mask = segment_layout(resets)  # (B, L), (B, 1, L, L)
+        pos = seg_pos if pos is None else pos
         h = self.drop(x + self.pos[pos])  # (B, L, D)
         kvs = []
         for block in self.blocks:
@@ -105,7 +107,7 @@ class TransformerLM(nn.Module):
         w = self.embed.weight if self.out is None else self.out.weight
         return h @ w.t()  # (..., V)
 
-    def windows(self, x: Tensor, resets: Tensor, n_hist: int = 0) -> Tensor:
+    def windows(self, x: Tensor, resets: Tensor, n_hist: int = 0, pos: Tensor | None = None) -> Tensor:
         """Final hidden (B, L - n_hist, D) of columns n_hist.. of (B, L) rows, read in the windows of the module
         docstring: one window [0, W), then windows [e - (W - S), e + S) for e = W, W + S, ...
 
@@ -114,7 +116,9 @@ class TransformerLM(nn.Module):
         B, L, _ = x.shape
         W, S = self.context, self.stride
         if L <= W:
-            return self.run(x, resets)[0][:, n_hist:]
+            return self.run(x, resets, pos)[0][:, n_hist:]
+        if pos is not None:
+            raise SeqlmError(f"a row of {L} positions with given positions does not fit the context ({W})")
         firsts = [0] + [e - (W - S) for e in range(W, L, S)]  # window starts; the last may run past L
         idx = torch.tensor(firsts, device=x.device).unsqueeze(1) + torch.arange(W, device=x.device)  # (N, W)
         idx = idx.clamp(max=L - 1)  # columns past the end repeat the last one; their outputs are dropped
@@ -161,7 +165,7 @@ class TransformerLM(nn.Module):
         kv = torch.zeros(batch_size, len(self.blocks), first.heads, 0, d_head, device=dev)
         return torch.zeros(batch_size, 0, dtype=torch.long, device=dev), kv, kv.clone()
 
-    def prime(self, x: Tensor, resets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def prime(self, x: Tensor, resets: Tensor, pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The `step` state after reading input vectors x (B, L, D) (a prefix that is not tokens): the cache of
         their last segment, which must start at the same column in every row. Its positions stand in for
         tokens, so x plus what is generated after it must fit in `context` (the cache is never rebuilt)."""
@@ -170,8 +174,9 @@ class TransformerLM(nn.Module):
         c = int(starts.any(0).nonzero().max())
         if not bool(starts[:, c].all()):
             raise SeqlmError("prime: rows whose last segments start at different columns")
-        _, kvs = self.run(x[:, c:], resets[:, c:])
-        ids = torch.zeros(x.shape[0], x.shape[1] - c, dtype=torch.long, device=x.device)
+        _, kvs = self.run(x[:, c:], resets[:, c:], None if pos is None else pos[:, c:])
+        n = x.shape[1] - c if pos is None else int(pos[:, -1].max()) + 1  # `step` goes on from position n
+        ids = torch.zeros(x.shape[0], n, dtype=torch.long, device=x.device)
         return ids, torch.stack([kv[0] for kv in kvs], dim=1), torch.stack([kv[1] for kv in kvs], dim=1)
 
     def step(self, tokens: Tensor, state: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, tuple]:
