@@ -55,6 +55,11 @@ ROWS = {
     "char-baseline-15m-fixedpos": ["--unit", "char", "--peek", "false", "--max-minutes", "15", "--code-positions",
                                    "fixed"],
     "char-semhash-15m-fixedpos": ["--unit", "char", "--max-minutes", "15", "--code-positions", "fixed"],
+    # the same pair over 3 epochs
+    "char-baseline-3ep-fixedpos": ["--unit", "char", "--peek", "false", "--max-epochs", "3", "--max-minutes", "25",
+                                   "--code-positions", "fixed"],
+    "char-semhash-3ep-fixedpos": ["--unit", "char", "--max-epochs", "3", "--max-minutes", "25", "--code-positions",
+                                  "fixed"],
 }
 
 
@@ -69,8 +74,9 @@ ROWS["synthetic-semhash"] = []
 
 
 def _baseline(name: str) -> str:
-    if "-15m" in name:
-        return "char-baseline-15m" + ("-fixedpos" if name.endswith("-fixedpos") else "")
+    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
+        if tag in name:
+            return "char-baseline" + tag
     return name.split("-")[0] + "-baseline" if name.startswith(("word", "synthetic")) else "char-baseline"
 
 
