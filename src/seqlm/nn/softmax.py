@@ -264,8 +264,9 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
     if cfg.codes:
         if not isinstance(embedding, CodedEmbedding):
             raise SeqlmError("--codes: this family has no word embedding to share its codes with")
-        proj = CodedLinear(embedding.codes, hidden, cfg.code_bias, _log_unigram(vocab) if cfg.code_bias_prior and
-                           not cfg.code_bias else None)
+        prior = cfg.code_bias_prior and not cfg.code_bias
+        proj = CodedLinear(embedding.codes, hidden, cfg.code_bias,
+                           _log_unigram(torch.tensor(vocab.counts, device="cpu")) if prior else None)
     nce = None
     if cfg.objective == "nce":
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu")
@@ -278,10 +279,10 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
     return layer
 
 
-def _log_unigram(vocab: Vocab) -> Tensor:
-    """(V,) log unigram probabilities from the vocabulary's counts (unseen words count 1)."""
-    counts = torch.tensor(vocab.counts, dtype=torch.float64, device="cpu").clamp(min=1)
-    return torch.log(counts / counts.sum()).float()
+def _log_unigram(counts: Tensor) -> Tensor:
+    """(V,) log unigram probabilities from word counts (unseen words count 1)."""
+    c = counts.double().clamp(min=1)
+    return torch.log(c / c.sum()).float()
 
 
 @torch.no_grad()
@@ -290,7 +291,7 @@ def _unigram_bias(proj: nn.Module, counts: Tensor) -> None:
     (or stays 0 where a fixed log-unigram prior already gives every word its own)."""
     if getattr(proj, "prior", None) is not None:
         return
-    log_p = torch.log(counts.double().clamp(min=1) / counts.double().clamp(min=1).sum()).float()  # (V,)
+    log_p = _log_unigram(counts)  # (V,)
     if proj.bias.numel() == log_p.numel():
         proj.bias.copy_(log_p)
         return
