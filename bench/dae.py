@@ -5,6 +5,7 @@ and the diversity of sampled-c(s) + beam decoding against plain sampling.
     python bench/dae.py --rows char-baseline,char-semhash,char-gumbel --threads 1
     python bench/dae.py --rows diversity --threads 1        # after char-baseline and char-semhash
     python bench/dae.py --rows synthetic-baseline,synthetic-semhash --threads 1   # the mechanism, ~4 minutes
+    python bench/dae.py --rows code-usage --threads 1       # distinct symbols / constant bits of the trained codes
 
 Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
 trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
@@ -60,6 +61,12 @@ ROWS = {
                                    "--code-positions", "fixed"],
     "char-semhash-3ep-fixedpos": ["--unit", "char", "--max-epochs", "3", "--max-minutes", "25", "--code-positions",
                                   "fixed"],
+    # the code collapses in the rows above (see `code-usage`): batch-normalised bits (`--balance-bits`), with the
+    # default 40 and with 600 side-path steps
+    "char-semhash-15m-fixedpos-balance": ["--unit", "char", "--max-minutes", "15", "--code-positions", "fixed",
+                                          "--balance-bits", "true"],
+    "char-semhash-15m-fixedpos-pre600-balance": ["--unit", "char", "--max-minutes", "15", "--code-positions",
+                                                 "fixed", "--balance-bits", "true", "--pretrain-steps", "600"],
 }
 
 
@@ -71,12 +78,18 @@ SYNTHETIC = ["--layers", "1", "--d-model", "64", "--heads", "2", "--d-ff", "128"
              "--warmup-steps", "20", "--lr", "0.001", "--min-lr", "0.001", "--max-epochs", "50"]  # 31 steps an epoch
 ROWS["synthetic-baseline"] = ["--peek", "false"]
 ROWS["synthetic-semhash"] = []
+# the same task with the character rows' network (2 x 128, filter 512): is the decoder what limits the code?
+BIG = ["--layers", "2", "--d-model", "128", "--d-ff", "512", "--filter-size", "512"]
+ROWS["synthetic-baseline-big"] = ["--peek", "false", *BIG]
+ROWS["synthetic-semhash-big"] = BIG
 
 
 def _baseline(name: str) -> str:
     for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
         if tag in name:
             return "char-baseline" + tag
+    if name.startswith("synthetic") and name.endswith("-big"):
+        return "synthetic-baseline-big"
     return name.split("-")[0] + "-baseline" if name.startswith(("word", "synthetic")) else "char-baseline"
 
 
@@ -134,7 +147,31 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
                     "code_bits_per_token": rep["code_bits_per_token"], "log2_p": rep["log2_p"]})
         if "caveat" in rep:
             row["caveat"] = rep["caveat"]
+    if "baseline" not in name.split("-"):
+        row["code"] = _code_usage(out, data)
     return row
+
+
+def _code_usage(out: Path, data: Path) -> dict:
+    """Distinct symbols, entropy and constant bits of a trained dae model's code on the test split."""
+    import seqlm
+    from seqlm.data.corpus import encode_file
+    from seqlm.dsae import code_usage
+
+    model = seqlm.load(out)
+    return code_usage(model, encode_file(data / "test.txt", model.vocab, unit=model.data_config.unit))
+
+
+def run_code_usage(args: argparse.Namespace) -> dict:
+    """`code-usage`: the code statistics of every trained dae row with a code (its checkpoint in CHECKPOINTS/dae)."""
+    models = {}
+    for name in ROWS:
+        out = CHECKPOINTS / "dae" / name
+        if "baseline" in name.split("-") or not (out / "config.json").exists():
+            continue
+        data = synthetic_corpus() if name.startswith("synthetic") else ptb_dir()
+        models[name] = _code_usage(out, data)
+    return {"name": "code-usage", "split": "test", "models": models, "threads": args.threads}
 
 
 # -- diversity ---------------------------------------------------------------------------------------------
@@ -221,9 +258,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.rows.split(","):
-        if name not in ROWS and name != "diversity":
-            sys.exit(f"unknown row {name}; choose from {', '.join(ROWS)}, diversity")
-        row = run_diversity(args) if name == "diversity" else run_row(name, args)
+        extra = {"diversity": run_diversity, "code-usage": run_code_usage}
+        if name not in ROWS and name not in extra:
+            sys.exit(f"unknown row {name}; choose from {', '.join([*ROWS, *extra])}")
+        row = extra[name](args) if name in extra else run_row(name, args)
         merge_rows("dae", [row])
         print(json.dumps({k: v for k, v in row.items() if k != "config"}), flush=True)
     plot(RESULTS / "dae.png")

@@ -45,6 +45,40 @@ def test_half_the_sequences_see_hard_bits():
     assert int(sh.steps) == 1
 
 
+def test_hard_share_ramps_up_over_the_warmup():
+    torch.manual_seed(0)
+    sh = SemanticHashing(d_model=8, bits=16, filter_size=16, noise_std=0.0, hard_fraction=1.0, hard_warmup=10).train()
+    w = torch.randn(400, 3, 8)
+    share = []
+    for _ in range(12):
+        vd, v2 = sh.discretise(w)
+        share.append(float((vd == v2).all(-1).all(-1).float().mean()))
+    assert share[0] == 0.0  # step 0: every row soft
+    assert 0.3 < share[4] < 0.5  # step 4 of 10: 40% hard
+    assert share[10] == share[11] == 1.0  # after the warm-up: the configured share (here all)
+
+
+def test_balanced_bits_cannot_be_constant():
+    """A projection whose bias pins every bit: plain semantic hashing emits one symbol, balanced bits fire for
+    about half of the batch each (their batch mean is removed before the noise and the threshold)."""
+    torch.manual_seed(0)
+    plain = SemanticHashing(d_model=8, bits=16, filter_size=16, noise_std=0.0).train()
+    balanced = SemanticHashing(d_model=8, bits=16, filter_size=16, noise_std=0.0, balance=True).train()
+    balanced.proj.load_state_dict(plain.proj.state_dict())
+    with torch.no_grad():
+        for sh in (plain, balanced):
+            sh.proj.bias.fill_(50.0)
+    w = torch.randn(64, 4, 8)
+    assert plain(w)[1].unique().numel() == 1
+    _, v2 = balanced.discretise(w)
+    assert torch.allclose(v2.mean((0, 1)), torch.full((16,), 0.5), atol=0.15)
+    v = balanced.proj(w)
+    ref = (v - v.mean((0, 1))) / torch.sqrt(v.var((0, 1), unbiased=False) + 1e-5) > 0  # by hand
+    assert torch.equal(v2.bool(), ref)
+    balanced.eval()  # evaluation: the running statistics, deterministic
+    assert torch.equal(balanced(w)[1], balanced(w)[1])
+
+
 def test_evaluation_is_deterministic_bits_without_noise():
     torch.manual_seed(0)
     sh = SemanticHashing(d_model=8, bits=16, filter_size=16, noise_std=1.5).eval()

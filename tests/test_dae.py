@@ -125,6 +125,27 @@ def _tiny(corpus, out, *extra):
     return main(["train", "--data", str(corpus), "--out", str(out), *flags, *extra])
 
 
+def test_code_usage_counts_symbols_like_encoding_each_sentence_alone():
+    from seqlm.data.corpus import encode_sentences
+    from seqlm.dsae import code_usage
+
+    model = _dae()
+    words = [[f"w{i - 2}" for i in s[:-1]] for s in SENTS]  # ids 2.. are w0..
+    stream = encode_sentences(words, model.vocab)
+    with torch.no_grad():
+        alone = [model.encode(_rows([s]))[1][0].tolist() for s in SENTS]  # one row each
+    flat = [x for row in alone for x in row]
+    u = code_usage(model, stream)
+    assert (u["symbols"], u["distinct_symbols"]) == (len(flat), len(set(flat)))
+    probs = [flat.count(x) / len(flat) for x in set(flat)]
+    assert u["entropy_bits"] == pytest.approx(-sum(q * math.log2(q) for q in probs))
+    with torch.no_grad():  # a code pinned by its bias: one symbol, every bit constant, zero entropy
+        model.code.bottleneck.proj.weight.zero_()
+        model.code.bottleneck.proj.bias.fill_(-3.0)
+    u = code_usage(model, stream)
+    assert (u["distinct_symbols"], u["constant_bits"], u["entropy_bits"]) == (1, 6, 0.0)
+
+
 def test_cli_dae_train_eval_dsae_generate(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "c", n_train=120, n_eval=15)
     small = ["--k", "1", "--bits", "4", "--filter-size", "16", "--latent-d-model", "32", "--pretrain-steps", "3",
@@ -142,6 +163,12 @@ def test_cli_dae_train_eval_dsae_generate(tmp_path, capsys):
     assert (r["bits"], r["K"]) == (4, 2)
     assert r["p"] == pytest.approx(ppl["tf"]) and r["p_prime"] == pytest.approx(ppl["dae"])
     assert r["dsae"] == pytest.approx((math.log2(ppl["tf"]) - math.log2(ppl["dae"])) / 2)
+    code = r["code"]  # the code's usage: one symbol per K = 2 tokens of each sentence (with its </s>)
+    lines = (corpus / "test.txt").read_text().splitlines()
+    assert code["symbols"] == sum(math.ceil((len(s.split()) + 1) / 2) for s in lines)
+    assert 1 <= code["distinct_symbols"] <= 16
+    assert 0.0 <= code["entropy_bits"] <= math.log2(code["distinct_symbols"]) + 1e-9
+    assert len(code["bit_on_rate"]) == 4 and 0 <= code["constant_bits"] <= 4
     # a model that cannot see c(s), against itself: nothing saved
     assert main(["dsae", str(tmp_path / "blind"), str(tmp_path / "blind"), "--data", str(corpus)]) == 0
     assert json.loads(capsys.readouterr().out)["dsae"] == 0.0

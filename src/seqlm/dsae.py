@@ -9,6 +9,7 @@ symbol per K tokens, so c(s) carries b / K bits per token). DSAE is the share of
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 from seqlm.errors import SeqlmError
@@ -30,6 +31,32 @@ def dsae_report(p: float, p_prime: float, bits: int, K: int) -> dict:
     return out
 
 
+def code_usage(model, stream) -> dict:
+    """How much of its b bits a dae model's code uses on a text: distinct symbols, the symbols' empirical
+    entropy (bits, at most min(b, log2 count)) and the bits that never (or always) fire. A collapsed code (a
+    few distinct symbols, constant bits) explains a DSAE near 0 whatever the decoder."""
+    import torch
+
+    from seqlm.data.batching import sentence_batches
+    from seqlm.nn.bottleneck import symbols_to_bits
+
+    counts: Counter = Counter()
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        for rows in sentence_batches(stream, model.vocab.bos_id, max_tokens=4096):
+            _, symbols, m = model.encode(rows.batch)  # (B, M), (B, M)
+            counts.update(symbols[m].tolist())
+    model.train(was)
+    n = sum(counts.values())
+    probs = [c / n for c in counts.values()]
+    sym = torch.tensor(list(counts), dtype=torch.long)
+    weight = torch.tensor(list(counts.values()), dtype=torch.float).unsqueeze(1)  # (distinct, 1)
+    on = (symbols_to_bits(sym, model.bits) * weight).sum(0) / n  # (b,) share of symbols with bit i set
+    return {"symbols": n, "distinct_symbols": len(counts), "entropy_bits": -sum(q * math.log2(q) for q in probs),
+            "constant_bits": int(((on < 0.01) | (on > 0.99)).sum()), "bit_on_rate": [round(float(x), 4) for x in on]}
+
+
 def dsae_from_dirs(baseline: str | Path, dae: str | Path, data: str | None, text: str | None, split: str) -> dict:
     """`seqlm dsae BASELINE DAE`: both models scored on the same text, sentence by sentence."""
     import seqlm
@@ -49,4 +76,4 @@ def dsae_from_dirs(baseline: str | Path, dae: str | Path, data: str | None, text
     path = Path(text) if text else split_path(resolve_corpus(data), split)
     stream = encode_file(path, model.vocab, unit=unit)
     p, p_prime = evaluate(base, stream)["ppl"], evaluate(model, stream)["ppl"]
-    return dsae_report(p, p_prime, model.bits, model.code.K)
+    return dsae_report(p, p_prime, model.bits, model.code.K) | {"code": code_usage(model, stream)}

@@ -51,6 +51,8 @@ class DAEConfig:
     filter_size: int = 1024  # semhash decompression network width (paper 4096 at d_model 512)
     noise_std: float = 1.0  # semhash: std of the training noise on the pre-activation (paper 1.0)
     hard_fraction: float = 0.5  # semhash: share of sequences fed hard bits in training (paper 1/2)
+    hard_warmup: int = 0  # semhash: steps over which that share rises from 0 (0: from the first step, the paper)
+    balance_bits: bool = False  # semhash: batch-normalise each bit (not in the paper; keeps bits from going constant)
     pretrain_steps: int = 200  # training steps with c(s) = s' (no discretisation; paper 10000)
     tau_start: float = 1.0  # gumbel: initial temperature
     tau_min: float = 0.1  # gumbel: lowest temperature
@@ -65,7 +67,7 @@ class DAEConfig:
     def __post_init__(self) -> None:
         positive(self, "layers", "d_model", "heads", "d_ff", "context", "bits", "filter_size", "latent_layers",
                  "latent_d_model", "tau_start", "tau_min")
-        non_negative(self, "k", "noise_std", "pretrain_steps", "anneal_rate")
+        non_negative(self, "k", "noise_std", "pretrain_steps", "anneal_rate", "hard_warmup")
         choice("bottleneck", self.bottleneck, ("semhash", "gumbel"))
         choice("code_positions", self.code_positions, ("segment", "fixed"))
         dropout_rate(self.dropout)
@@ -194,7 +196,8 @@ def build_dae(cfg: DAEConfig, vocab: Vocab) -> DAELM:
                        context=cfg.context, stride=cfg.context // 2, positions="learned", tie_embeddings=True,
                        dropout=cfg.dropout)
     if cfg.bottleneck == "semhash":
-        neck: nn.Module = SemanticHashing(cfg.d_model, cfg.bits, cfg.filter_size, cfg.noise_std, cfg.hard_fraction)
+        neck: nn.Module = SemanticHashing(cfg.d_model, cfg.bits, cfg.filter_size, cfg.noise_std, cfg.hard_fraction,
+                                           cfg.hard_warmup, cfg.balance_bits)
     else:
         neck = GumbelBottleneck(cfg.d_model, cfg.bits, cfg.tau_start, cfg.tau_min, cfg.anneal_rate)
     code = Compress(cfg.d_model, cfg.k, neck, local=cfg.local, pretrain_steps=cfg.pretrain_steps)

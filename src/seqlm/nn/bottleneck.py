@@ -54,28 +54,43 @@ class SemanticHashing(nn.Module):
 
     Where the paper is silent, chosen here: the soft/hard choice is drawn per sequence (a row of the batch, all
     its symbols alike), as the authors' public implementation drew it per example; the hard fraction is the
-    paper's fixed 1/2 from the first step (that implementation ramped it up to 1/2 over the first steps).
+    paper's fixed 1/2 from the first step (that implementation ramped it up to 1/2 over the first steps);
+    `hard_warmup` > 0 ramps it up linearly over that many steps instead.
+
+    `balance` (not in the paper) normalises each bit's pre-activation over the batch (zero mean, unit
+    variance, a learned per-bit scale; running statistics at evaluation), so no bit can sit at a constant
+    value. Without it, small models on this CPU were measured to collapse the code: the training noise
+    costs the decoder before the code is of any use to it, and saturating every bit to a constant removes
+    the noise (issue 12: 4-5 distinct symbols over 57k on character-level PTB).
     """
 
-    def __init__(self, d_model: int, bits: int, filter_size: int, noise_std: float = 1.0, hard_fraction: float = 0.5):
+    def __init__(self, d_model: int, bits: int, filter_size: int, noise_std: float = 1.0, hard_fraction: float = 0.5,
+                 hard_warmup: int = 0, balance: bool = False):
         super().__init__()
-        self.bits, self.noise_std, self.hard_fraction = bits, noise_std, hard_fraction
+        self.bits, self.noise_std, self.hard_fraction, self.hard_warmup = bits, noise_std, hard_fraction, hard_warmup
         self.proj = nn.Linear(d_model, bits)
+        # per-bit batch statistics without a shift (a learned shift could make a bit constant again)
+        self.norm = nn.BatchNorm1d(bits, affine=False) if balance else None
+        self.scale = nn.Parameter(torch.ones(bits)) if balance else None
         self.decompress = Decompress(bits, filter_size, d_model)
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))
 
     def discretise(self, w: Tensor) -> tuple[Tensor, Tensor]:
         """(the vector the decompression reads (B, M, b), the bits v2 (B, M, b)) for w (B, M, d_model)."""
         v = self.proj(w).float()  # (B, M, b)
+        if self.norm is not None:
+            v = self.norm(v.reshape(-1, self.bits)).view_as(v) * self.scale  # (B, M, b) balanced bits
         if self.training and self.noise_std > 0:
             v = v + self.noise_std * torch.randn_like(v)
         v1 = saturating_sigmoid(v)
         v2 = (v > 0).float()
         if not self.training:
             return v2, v2
+        fraction = self.hard_fraction * min(1.0, int(self.steps) / self.hard_warmup) if self.hard_warmup else \
+            self.hard_fraction
         self.steps += 1
         straight_through = v2 + (v1 - v1.detach())  # value exactly v2, gradient of v1
-        hard = torch.rand(v.shape[0], *([1] * (v.dim() - 1)), device=v.device) < self.hard_fraction  # (B, 1, 1)
+        hard = torch.rand(v.shape[0], *([1] * (v.dim() - 1)), device=v.device) < fraction  # (B, 1, 1)
         return torch.where(hard, straight_through, v1), v2
 
     def forward(self, w: Tensor) -> tuple[Tensor, Tensor]:
