@@ -67,6 +67,9 @@ ROWS = {
                                           "--balance-bits", "true"],
     "char-semhash-15m-fixedpos-pre600-balance": ["--unit", "char", "--max-minutes", "15", "--code-positions",
                                                  "fixed", "--balance-bits", "true", "--pretrain-steps", "600"],
+    "char-semhash-3ep-fixedpos-balance": ["--unit", "char", "--max-epochs", "3", "--max-minutes", "25",
+                                          "--code-positions", "fixed", "--balance-bits", "true"],
+    "word-semhash-balance": ["--balance-bits", "true"],
 }
 
 
