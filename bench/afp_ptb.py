@@ -16,8 +16,8 @@ RECIPE: the rnn family's `rnn-bptt` recipe in full (Adam lr 0.003, 64 x 20 batch
 until valid stops improving, at most 30 epochs: rnn-bptt stopped after 18), for bptt and every afp row alike.
 `bptt-3ep`, `afp-kK-3ep` are the earlier shortened rows (3 epochs of the same recipe) and `bptt-e5`,
 `afp-k4-e5` continue two of them to 5 epochs; `afp-k4-drop0.1`, `afp-k4-drop0.5` are AFP-4 with another dropout
-rate. Rows resume from their epoch checkpoints in
-bench/checkpoints/afp_ptb/ROW.
+rate; `afp-k4-from-bptt` starts from the trained `bptt` model (run that row first). Rows resume from their
+epoch checkpoints in bench/checkpoints/afp_ptb/ROW.
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ ROWS |= {name: ROWS[src] for name, (src, _) in LONGER.items()}
 # AFP-4 with another dropout rate (the recipe's 0.3 was tuned for BPTT): does the K = 4 gap close?
 TUNED = {f"afp-k4-drop{p}": ("afp", ["--iterations", "4", "--dropout", p]) for p in ("0.1", "0.5")}
 ROWS |= TUNED
+# AFP-4 started from the trained BPTT network (`seqlm train --init-from`), then trained through its 4 iterations
+# at a fine-tuning rate: does a network trained with the full history make a better 4-word model?
+FROM = {"afp-k4-from-bptt": ("bptt", "0.001")}
+ROWS |= {name: ("afp", ["--iterations", "4", "--lr", lr]) for name, (_, lr) in FROM.items()}
 RECIPE = ("full: the rnn-bptt recipe on full PTB train (Adam lr 0.003, 64 x 20 batches, clip 1, newbob, at most "
           f"{EPOCHS} epochs), H 200, class output, sigmoid, dropout 0.3; the same for bptt and every afp row")
 SHORT_RECIPE = (f"shortened: {SHORT_EPOCHS} epochs of full PTB train (rnn recipe: Adam lr 0.003, 64 x 20 batches, "
@@ -61,6 +65,9 @@ SHORT_RECIPE = (f"shortened: {SHORT_EPOCHS} epochs of full PTB train (rnn recipe
 
 
 def _epochs(name: str) -> tuple[int, str]:
+    if name in FROM:
+        src, lr = FROM[name]
+        return EPOCHS, RECIPE.replace("Adam lr 0.003", f"started from the {src} row's model, Adam lr {lr}")
     if name in TUNED:
         return EPOCHS, RECIPE.replace("dropout 0.3", f"dropout {TUNED[name][1][-1]}")
     if name in LONGER:
@@ -85,7 +92,8 @@ def train_row(name: str, args) -> tuple[object, dict]:
     if not status["done"]:
         argv = ["train", "--model", fam, "--data", str(ptb_dir()), "--out", str(out), *MODEL, *opts,
                 "--max-epochs", str(epochs), "--threads", str(args.threads), "--device", args.device,
-                *(["--resume"] if resumed else [])]
+                *(["--resume"] if resumed else []),
+                *(["--init-from", str(_out(FROM[name][0]))] if name in FROM and not resumed else [])]
         if seqlm_main(argv) != 0:
             sys.exit(f"training {name} failed")
     status = run_status(out)

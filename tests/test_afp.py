@@ -179,3 +179,30 @@ def test_cli_eval_iterations_on_an_rnn_model_and_refused_for_others(tmp_path, ca
     assert res["2"] != pytest.approx(res[None], rel=1e-4)
     assert main(["eval", str(kn), "--data", str(corpus), "--iterations", "2"]) == 2
     assert "Elman" in capsys.readouterr().err
+
+
+def test_cli_init_from_starts_an_afp_run_from_an_rnn_model(tmp_path, capsys):
+    """`--init-from`: an afp run that starts from a trained rnn model's weights (the same network)."""
+    corpus = write_corpus(tmp_path / "c", n_train=80, n_eval=20)
+    other = write_corpus(tmp_path / "o", n_train=30, n_eval=5, seed=7)
+    rnn, afp = tmp_path / "rnn", tmp_path / "afp"
+    assert main(["train", "--model", "rnn", "--data", str(corpus), "--out", str(rnn), "--max-epochs", "1", *TINY]) == 0
+    # lr 1e-12: one epoch leaves the copied weights as they were, so the afp model evaluated exactly is the rnn
+    assert main(["train", "--model", "afp", "--iterations", "2", "--data", str(corpus), "--out", str(afp),
+                 "--init-from", str(rnn), "--max-epochs", "1", "--lr", "1e-12", *TINY]) == 0
+    capsys.readouterr()
+    ppl = {}
+    for name, extra in (("rnn", []), ("afp", ["--iterations", "exact"])):
+        assert main(["eval", str(tmp_path / name), "--data", str(corpus), *extra]) == 0
+        ppl[name] = json.loads(capsys.readouterr().out)["ppl"]
+    assert ppl["afp"] == pytest.approx(ppl["rnn"], rel=1e-6)
+    a, r = seqlm.load(afp), seqlm.load(rnn)
+    assert torch.allclose(a.rnn.weight_hh, r.rnn.weight_hh, atol=1e-9) and a.iterations == 2
+    # refused, one line each: another network size, another vocabulary, with --resume
+    for extra, corp, msg in ((["--hidden", "7"], corpus, "networks differ"), ([], other, "vocabulary differs"),
+                             (["--resume"], corpus, "drop it with --resume")):
+        out = tmp_path / f"bad{len(msg)}"
+        args = ["train", "--model", "afp", "--data", str(corp), "--out", str(afp if "--resume" in extra else out),
+                "--init-from", str(rnn), "--max-epochs", "1", *TINY, *extra]
+        assert main(args) == 2
+        assert msg in capsys.readouterr().err

@@ -65,7 +65,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
         print(_config_help(args.model))
         return
     rest = rest + (["--prune", " ".join(args.prune)] if args.prune else [])  # kn's config field, lmplz syntax
-    result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc)
+    result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc,
+                            init_from=args.init_from)
     if result:  # data-parallel ranks other than 0 have nothing to report
         print(json.dumps(result))
 
@@ -237,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", default=None, help="YAML file of options")
     t.add_argument("--resume", action="store_true", help="continue from the last epoch checkpoint in --out")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (spawns torchrun)")
+    t.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from a trained model's weights (same vocabulary and sizes; e.g. rnn -> afp)")
     t.add_argument("--help-config", action="store_true", help="list the family's options and defaults, then exit")
     t.add_argument("--prune", nargs="+", metavar="T", help="kn: lmplz count pruning thresholds per order")
     t.set_defaults(func=cmd_train, allow_rest=True)

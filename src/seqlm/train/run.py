@@ -60,8 +60,38 @@ def _check_unchanged(out: Path, saved: dict, now: dict) -> None:
                              f"drop {flag}, or train a new model in another --out")
 
 
+def _init_source(init_from: str | None, resume: bool):
+    """The trained model whose weights start a new run (`--init-from`), read before any work."""
+    if not init_from:
+        return None
+    if resume:
+        raise SeqlmError("--init-from starts a new run from another model's weights; drop it with --resume")
+    import seqlm
+
+    src = seqlm.load(init_from)
+    if not isinstance(src, torch.nn.Module) or not any(True for _ in src.parameters()):
+        raise SeqlmError(f"--init-from {init_from}: not a neural model with weights to start from")
+    return src
+
+
+def _init_weights(model, src, init_from: str) -> None:
+    """Copy every weight of `src` into the new model: same vocabulary, same parameter names and shapes
+    (e.g. an `rnn` model into an `afp` one: the same network under another history rule)."""
+    if src.vocab != model.vocab:
+        raise SeqlmError(f"--init-from {init_from}: its vocabulary differs from this corpus's; train on the same "
+                         "corpus (and --unit, --max-vocab, --min-count)")
+    theirs, ours = src.state_dict(), model.state_dict()
+    bad = sorted(k for k in ours.keys() | theirs.keys() if k not in ours or k not in theirs
+                 or ours[k].shape != theirs[k].shape)
+    if bad:
+        raise SeqlmError(f"--init-from {init_from}: the networks differ ({', '.join(bad[:4])}"
+                         f"{', ...' if len(bad) > 4 else ''}); give the same sizes")
+    model.load_state_dict(theirs)
+
+
 def train_from_cli(name: str | None, data: str, out: str | None, config_file: str | None, rest: list[str],
-                   resume: bool = False, nproc: int = 1, session_minutes: float = 0.0) -> dict:
+                   resume: bool = False, nproc: int = 1, session_minutes: float = 0.0,
+                   init_from: str | None = None) -> dict:
     name = name or DEFAULT_FAMILY
     out_dir = Path(out or f"runs/{name}")
     if nproc < 1:
@@ -71,6 +101,7 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
     if not resume and (out_dir / ckpt.CONFIG).exists():
         raise SeqlmError(f"{out_dir} already holds a model; use --resume to continue it or choose another --out")
     cfg, data_cfg = _configs(name, out_dir, config_file, rest, resume)  # every flag checked before any work
+    src = _init_source(init_from, resume)
     corpus = resolve_corpus(data)
     spawn = nproc > 1 and "WORLD_SIZE" not in os.environ
     if spawn:
@@ -87,9 +118,12 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
     if spawn:
         argv = ["train", "--model", name, "--data", data, "--out", str(out_dir), *rest]
         argv += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
+        argv += ["--init-from", init_from] if init_from else []
         return _spawn(nproc, argv, out_dir)
     splits = Splits(train, valid)
     model = new_model(name, cfg, vocab)  # seeded: the initial weights depend on --seed only
+    if src is not None:
+        _init_weights(model, src, init_from)
     model.data_config = data_cfg
     out_dir.mkdir(parents=True, exist_ok=True)
     main_rank = int(os.environ.get("RANK", "0")) == 0
