@@ -16,8 +16,8 @@ RECIPE: the rnn family's `rnn-bptt` recipe in full (Adam lr 0.003, 64 x 20 batch
 until valid stops improving, at most 30 epochs: rnn-bptt stopped after 18), for bptt and every afp row alike.
 `bptt-3ep`, `afp-kK-3ep` are the earlier shortened rows (3 epochs of the same recipe) and `bptt-e5`,
 `afp-k4-e5` continue two of them to 5 epochs; `afp-k4-drop0.1`, `afp-k4-drop0.5` are AFP-4 with another dropout
-rate; `afp-k4-from-bptt` starts from the trained `bptt` model (run that row first). Rows resume from their
-epoch checkpoints in bench/checkpoints/afp_ptb/ROW.
+rate; `afp-k4-from-bptt` / `-from-afp-k6` / `-from-afp-k8` start from that row's trained model (run it first).
+Rows resume from their epoch checkpoints in bench/checkpoints/afp_ptb/ROW.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ TUNED = {f"afp-k4-drop{p}": ("afp", ["--iterations", "4", "--dropout", p]) for p
 ROWS |= TUNED
 # AFP-4 started from the trained BPTT network (`seqlm train --init-from`), then trained through its 4 iterations
 # at a fine-tuning rate: does a network trained with the full history make a better 4-word model?
-FROM = {"afp-k4-from-bptt": ("bptt", "0.001")}
+# The same from the AFP-6 and AFP-8 models (a curriculum in K: no BPTT anywhere).
+FROM = {"afp-k4-from-bptt": ("bptt", "0.001"), "afp-k4-from-afp-k6": ("afp-k6", "0.001"),
+        "afp-k4-from-afp-k8": ("afp-k8", "0.001")}
 ROWS |= {name: ("afp", ["--iterations", "4", "--lr", lr]) for name, (_, lr) in FROM.items()}
 RECIPE = ("full: the rnn-bptt recipe on full PTB train (Adam lr 0.003, 64 x 20 batches, clip 1, newbob, at most "
           f"{EPOCHS} epochs), H 200, class output, sigmoid, dropout 0.3; the same for bptt and every afp row")
