@@ -70,6 +70,11 @@ ROWS = {
     "char-semhash-3ep-fixedpos-balance": ["--unit", "char", "--max-epochs", "3", "--max-minutes", "25",
                                           "--code-positions", "fixed", "--balance-bits", "true"],
     "word-semhash-balance": ["--balance-bits", "true"],
+    # one more epoch for the pair that worked
+    "char-baseline-4ep-fixedpos": ["--unit", "char", "--peek", "false", "--max-epochs", "4", "--max-minutes", "32",
+                                   "--code-positions", "fixed"],
+    "char-semhash-4ep-fixedpos-balance": ["--unit", "char", "--max-epochs", "4", "--max-minutes", "32",
+                                          "--code-positions", "fixed", "--balance-bits", "true"],
 }
 
 
@@ -88,7 +93,7 @@ ROWS["synthetic-semhash-big"] = BIG
 
 
 def _baseline(name: str) -> str:
-    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
+    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-4ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
         if tag in name:
             return "char-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
