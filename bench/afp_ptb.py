@@ -59,7 +59,7 @@ ROWS |= TUNED
 # The same from the AFP-6 and AFP-8 models (a curriculum in K: no BPTT anywhere).
 FROM = {"afp-k4-from-bptt": ("bptt", "0.001"), "afp-k4-from-afp-k6": ("afp-k6", "0.001"),
         "afp-k4-from-afp-k8": ("afp-k8", "0.001")}
-FROM |= {f"afp-k4-from-afp-k8-lr{lr}": ("afp-k8", lr) for lr in ("0.0005", "0.002")}  # the fine-tuning rate
+FROM |= {f"afp-k4-from-afp-k8-lr{lr}": ("afp-k8", lr) for lr in ("0.0005", "0.002", "0.003")}  # the fine-tuning rate
 ROWS |= {name: ("afp", ["--iterations", "4", "--lr", lr]) for name, (_, lr) in FROM.items()}
 RECIPE = ("full: the rnn-bptt recipe on full PTB train (Adam lr 0.003, 64 x 20 batches, clip 1, newbob, at most "
           f"{EPOCHS} epochs), H 200, class output, sigmoid, dropout 0.3; the same for bptt and every afp row")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -70,12 +71,11 @@ ROWS = {
     "char-semhash-3ep-fixedpos-balance": ["--unit", "char", "--max-epochs", "3", "--max-minutes", "25",
                                           "--code-positions", "fixed", "--balance-bits", "true"],
     "word-semhash-balance": ["--balance-bits", "true"],
-    # one more epoch for the pair that worked
-    "char-baseline-4ep-fixedpos": ["--unit", "char", "--peek", "false", "--max-epochs", "4", "--max-minutes", "32",
-                                   "--code-positions", "fixed"],
-    "char-semhash-4ep-fixedpos-balance": ["--unit", "char", "--max-epochs", "4", "--max-minutes", "32",
-                                          "--code-positions", "fixed", "--balance-bits", "true"],
 }
+# the 3-epoch pair continued to 6 epochs from its checkpoints (the rate is constant, so this is one longer run)
+CONTINUED = {"char-baseline-6ep-fixedpos": "char-baseline-3ep-fixedpos",
+             "char-semhash-6ep-fixedpos-balance": "char-semhash-3ep-fixedpos-balance"}
+ROWS |= {name: [*ROWS[src], "--max-epochs", "6"] for name, src in CONTINUED.items()}
 
 
 # A check of the mechanism at a size this CPU trains in a minute: sentences of 7 random letters from
@@ -93,7 +93,7 @@ ROWS["synthetic-semhash-big"] = BIG
 
 
 def _baseline(name: str) -> str:
-    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-4ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
+    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
         if tag in name:
             return "char-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
@@ -126,6 +126,8 @@ def _saved_rows() -> dict[str, dict]:
 
 def run_row(name: str, args: argparse.Namespace) -> dict:
     out = CHECKPOINTS / "dae" / name
+    if name in CONTINUED and not out.exists():
+        shutil.copytree(CHECKPOINTS / "dae" / CONTINUED[name], out)  # continue that row's run
     resumed = run_status(out)["epoch"] > 0
     recipe = _last_wins((SYNTHETIC if name.startswith("synthetic") else COMMON) + ROWS[name])
     if args.minutes and "--max-minutes" in recipe:
