@@ -9,6 +9,8 @@ Rows:
   its own K (`test_ppl`, `test_ppl_stream`) and exactly (`test_ppl_exact`, `test_ppl_exact_stream`).
 - `convergence`: mean ||h^(K) - h_exact|| over PTB valid positions against K, with the spectral norm of W,
   for the bptt row's model and each AFP model trained.
+- `cross-k`: every trained afp-kK model evaluated at each K (sentence mode): how a model trained at one K
+  does at another.
 - `timing`: wall time of one sequence (B = 1) against T, forward and forward + backward, AFP-K against the
   sequential Elman layer (its own BPTT), one process, one run; and tokens/s at the training batch size.
 
@@ -127,6 +129,17 @@ def run_model_row(name: str, args) -> dict:
         row["test_ppl_at_k"] = {str(k): ppl(with_iterations(model, k), test) for k in KS}
         row["test_ppl_stream_at_k"] = {str(k): ppl(with_iterations(model, k), test, True) for k in KS}
     return row
+
+
+def cross_k(args) -> dict:
+    """`cross-k`: every full-recipe AFP model (trained at its K) evaluated at each K of KS, sentence mode."""
+    table = {}
+    for name in FULL:
+        if name.startswith("afp") and (_out(name) / "config.json").exists():
+            model = seqlm.load(_out(name))
+            test = encode_file(ptb_dir() / "test.txt", model.vocab)
+            table[name] = {str(k): ppl(with_iterations(model, k), test) for k in KS}
+    return {"name": "cross-k", "data": "PTB test, sentence mode", "test_ppl_at_k": table, "threads": args.threads}
 
 
 @torch.no_grad()
@@ -254,10 +267,12 @@ def main() -> None:
             row = run_model_row(name, args)
         elif name == "convergence":
             row = convergence(args)
+        elif name == "cross-k":
+            row = cross_k(args)
         elif name == "timing":
             row = timing(args)
         else:
-            sys.exit(f"unknown row {name}; choose from {', '.join([*ROWS, 'convergence', 'timing'])}")
+            sys.exit(f"unknown row {name}; choose from {', '.join([*ROWS, 'convergence', 'cross-k', 'timing'])}")
         merge_rows("afp_ptb", [row])
         plot()
         print(json.dumps({k: row.get(k) for k in ("name", "test_ppl", "test_ppl_stream", "test_ppl_exact")}),
