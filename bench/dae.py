@@ -72,10 +72,14 @@ ROWS = {
                                           "--code-positions", "fixed", "--balance-bits", "true"],
     "word-semhash-balance": ["--balance-bits", "true"],
 }
-# the 3-epoch pair continued to 6 epochs from its checkpoints (the rate is constant, so this is one longer run)
-CONTINUED = {"char-baseline-6ep-fixedpos": "char-baseline-3ep-fixedpos",
-             "char-semhash-6ep-fixedpos-balance": "char-semhash-3ep-fixedpos-balance"}
-ROWS |= {name: [*ROWS[src], "--max-epochs", "6"] for name, src in CONTINUED.items()}
+# the 3-epoch pair continued to 6, then 12 epochs from its checkpoints (the rate is constant, so each is one
+# longer run); row -> (the row whose run it continues, epochs, minutes allowed per call)
+CONTINUED = {"char-baseline-6ep-fixedpos": ("char-baseline-3ep-fixedpos", 6, 25),
+             "char-semhash-6ep-fixedpos-balance": ("char-semhash-3ep-fixedpos-balance", 6, 25),
+             "char-baseline-12ep-fixedpos": ("char-baseline-6ep-fixedpos", 12, 45),
+             "char-semhash-12ep-fixedpos-balance": ("char-semhash-6ep-fixedpos-balance", 12, 45)}
+for _name, (_src, _epochs, _minutes) in CONTINUED.items():
+    ROWS[_name] = [*ROWS[_src], "--max-epochs", str(_epochs), "--max-minutes", str(_minutes)]
 
 
 # A check of the mechanism at a size this CPU trains in a minute: sentences of 7 random letters from
@@ -93,7 +97,7 @@ ROWS["synthetic-semhash-big"] = BIG
 
 
 def _baseline(name: str) -> str:
-    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
+    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
         if tag in name:
             return "char-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
@@ -127,7 +131,7 @@ def _saved_rows() -> dict[str, dict]:
 def run_row(name: str, args: argparse.Namespace) -> dict:
     out = CHECKPOINTS / "dae" / name
     if name in CONTINUED and not out.exists():
-        shutil.copytree(CHECKPOINTS / "dae" / CONTINUED[name], out)  # continue that row's run
+        shutil.copytree(CHECKPOINTS / "dae" / CONTINUED[name][0], out)  # continue that row's run
     resumed = run_status(out)["epoch"] > 0
     recipe = _last_wins((SYNTHETIC if name.startswith("synthetic") else COMMON) + ROWS[name])
     if args.minutes and "--max-minutes" in recipe:
