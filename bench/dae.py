@@ -6,6 +6,7 @@ and the diversity of sampled-c(s) + beam decoding against plain sampling.
     python bench/dae.py --rows diversity --threads 1        # after char-baseline and char-semhash
     python bench/dae.py --rows synthetic-baseline,synthetic-semhash --threads 1   # the mechanism, ~4 minutes
     python bench/dae.py --rows code-usage --threads 1       # distinct symbols / constant bits of the trained codes
+    python bench/dae.py --rows noise-0-3ep-fixedpos-balance,noise-1.5-3ep-fixedpos-balance --threads 1
 
 Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
 trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
@@ -16,6 +17,7 @@ as in the paper. DSAE = (log2 p - log2 p') / (b / K) with p, p' the test perplex
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shutil
@@ -72,6 +74,10 @@ ROWS = {
                                           "--code-positions", "fixed", "--balance-bits", "true"],
     "word-semhash-balance": ["--balance-bits", "true"],
 }
+# the noise ablation again where the code no longer collapses: char-semhash-3ep-fixedpos-balance (std 1.0) at
+# std 0 / 0.5 / 1.5, each against char-baseline-3ep-fixedpos
+for _std in ("0", "0.5", "1.5"):
+    ROWS[f"noise-{_std}-3ep-fixedpos-balance"] = [*ROWS["char-semhash-3ep-fixedpos-balance"], "--noise-std", _std]
 # the 3-epoch pair continued to 6, then 12 epochs from its checkpoints (the rate is constant, so each is one
 # longer run); row -> (the row whose run it continues, epochs, minutes allowed per call)
 CONTINUED = {"char-baseline-6ep-fixedpos": ("char-baseline-3ep-fixedpos", 6, 25),
@@ -97,7 +103,8 @@ ROWS["synthetic-semhash-big"] = BIG
 
 
 def _baseline(name: str) -> str:
-    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-15m"):  # a variant's baseline ran the same recipe
+    # a variant's baseline ran the same recipe
+    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-15m"):
         if tag in name:
             return "char-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
@@ -222,12 +229,18 @@ def self_bleu(sentences: list[list[str]]) -> float:
     return sum(_bleu(s, sentences[:i] + sentences[i + 1 :]) for i, s in enumerate(sentences)) / len(sentences)
 
 
-def run_diversity(args: argparse.Namespace, n: int = 12, beam: int = 4) -> dict:
+# diversity row -> (dae row, baseline row): the first pair's code had collapsed (see `code-usage`), the second's not
+DIVERSITY = {"diversity": ("char-semhash", "char-baseline"),
+             "diversity-6ep": ("char-semhash-6ep-fixedpos-balance", "char-baseline-6ep-fixedpos")}
+
+
+def run_diversity(args: argparse.Namespace, name: str = "diversity", n: int = 12, beam: int = 4) -> dict:
     import seqlm
     from seqlm.eval.generate import beam_search, decode_code, detokenize, sample
 
-    dae = seqlm.load(CHECKPOINTS / "dae" / "char-semhash")
-    base = seqlm.load(CHECKPOINTS / "dae" / "char-baseline")
+    dae_row, base_row = DIVERSITY[name]
+    dae = seqlm.load(CHECKPOINTS / "dae" / dae_row)
+    base = seqlm.load(CHECKPOINTS / "dae" / base_row)
     gen = torch.Generator().manual_seed(0)
     codes = dae.sample_codes(n, gen, dae.latent.context - 1)
     latent_beam = [detokenize(dae.vocab.decode(decode_code(dae, c, beam, 300)[0].ids), "char") for c in codes]
@@ -235,8 +248,8 @@ def run_diversity(args: argparse.Namespace, n: int = 12, beam: int = 4) -> dict:
     start = base.step(torch.tensor([base.vocab.bos_id]), base.initial_state(1))
     beams = [detokenize(base.vocab.decode(h.ids), "char") for h in beam_search(base, n, 300, start=start)]
     sets = {"latent_then_beam": latent_beam, "baseline_sampling": sampled, "baseline_beam": beams}
-    row = {"name": "diversity", "n": n, "beam": beam, "models": "char-semhash (codes from its latent model, "
-           "beam-decoded) vs char-baseline (ancestral sampling; and its n-best beam)", "threads": args.threads}
+    row = {"name": name, "n": n, "beam": beam, "models": f"{dae_row} (codes from its latent model, beam-decoded) "
+           f"vs {base_row} (ancestral sampling; and its n-best beam)", "threads": args.threads}
     for key, lines in sets.items():
         words = [s.split() for s in lines]
         row[f"{key}_distinct_2"] = distinct_2(words)
@@ -272,7 +285,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.rows.split(","):
-        extra = {"diversity": run_diversity, "code-usage": run_code_usage}
+        extra = {"code-usage": run_code_usage} | {d: functools.partial(run_diversity, name=d) for d in DIVERSITY}
         if name not in ROWS and name not in extra:
             sys.exit(f"unknown row {name}; choose from {', '.join([*ROWS, *extra])}")
         row = extra[name](args) if name in extra else run_row(name, args)
