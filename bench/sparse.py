@@ -3,6 +3,15 @@ sparse-code compression on the same LSTM encoder, on GCIDE (V = 61k) and PTB (V 
 
     python bench/sparse.py --rows gcide-full,gcide-nce-zreg,gcide-codes-ibias --threads 1
     python bench/sparse.py --rows lstm-ptb --threads 1 --session-minutes 10      # resumes when run again
+    python bench/sparse.py --rows gcide-all-full --threads 1 --session-minutes 120   # the full-corpus recipe
+
+THE FULL-CORPUS RECIPE (`gcide-all-*` rows): every row trains the same 2 x 200 LSTM on the WHOLE GCIDE training
+split (3.57M tokens) for ALL_EPOCHS epochs (no early stop), is validated on the whole valid split and tested on
+the whole test split (187,786 tokens); the skip-gram vectors behind the codes are trained on that same training
+split and nothing else. Training runs in slices of SLICE_MINUTES, each ending with a validation, so every row
+has a validation-perplexity-against-training-time curve (`time_curve`) and a checkpoint to resume from: run the
+same command again and the row continues where it stopped. Checkpoints live under ~/.cache/seqlm/bench-checkpoints
+(outside the work tree, so an interrupted row survives a fresh checkout), or $SEQLM_BENCH_CHECKPOINTS.
 
 A SHORTENED RECIPE (the CPU budget of the issue that asked for this table is ~45 CPU-minutes for all rows,
 where one full-softmax epoch over GCIDE alone takes about an hour): every `gcide-*` / `ptb-*` row trains the
@@ -43,6 +52,10 @@ from seqlm.train.resume import run_status
 from common import CHECKPOINTS, RESULTS, merge_rows, row_parser
 
 WORK = CHECKPOINTS / "sparse"
+ALL_WORK = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS", Path.home() / ".cache" / "seqlm" / "bench-checkpoints")) \
+    / "sparse-all"
+ALL_EPOCHS = 2
+SLICE_MINUTES = 20.0  # the full-corpus rows validate (whole valid split) and checkpoint this often
 CORPORA = {"gcide": {"min_count": 2, "base": 8000}, "ptb": {"min_count": 1, "base": 2000}}
 TRAIN_TOKENS = {"gcide": 200_000, "ptb": 200_000}  # the shortened recipe: one epoch over this much text
 EVAL_TOKENS = 20_000  # valid (schedule) and test text of the gcide-/ptb- rows
@@ -70,6 +83,12 @@ VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "nce-zreg-4ep": [*NCE_BATCH, "--normaliser", "regression", "--max-epochs", "4", "--min-improvement", "0"],
     # (c) with per-token noise, run before it became these rows' setting: the same flags as nce-zreg now
     "nce-zreg-token": [*NCE, "--normaliser", "regression"],
+}
+# the full-corpus recipe: the same encoder, every epoch run (no early stop); output layers users pick today
+ALL_ENCODER = [*ENCODER[:-1], str(ALL_EPOCHS), "--min-improvement", "0"]
+ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias", "codes-cbias-prior")} | {
+    "adaptive": ["--output", "adaptive"],  # torch.nn.AdaptiveLogSoftmaxWithLoss (Grave et al. 2017)
+    "class": ["--output", "class"],  # the rnn family's frequency-binned class output, sqrt(V) classes
 }
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
 
@@ -132,9 +151,11 @@ def _seqlm(*argv: str) -> tuple[str, float, float]:
     return proc.stdout, time.time() - t, int(kb) / 1024
 
 
-def _codes(corpus: str, root: Path, threads: int) -> tuple[Path, dict]:
+def _codes(corpus: str, root: Path, threads: int, work: Path | None = None) -> tuple[Path, dict]:
     """Skip-gram vectors of the whole training split, then sparse codes over the B most frequent words."""
-    vec, codes = WORK / f"{corpus}-vectors.txt", WORK / f"{corpus}-codes.txt"
+    work = work or WORK
+    work.mkdir(parents=True, exist_ok=True)
+    vec, codes = work / f"{corpus}-vectors.txt", work / f"{corpus}-codes.txt"
     info = {}
     if not vec.exists():
         out, secs, _ = _seqlm("embed", str(split_path(root, "train")), "--out", str(vec), "--dim", "200",
@@ -164,6 +185,13 @@ def _test(out: Path, test_file: Path, recurrent: bool) -> dict:
     return row
 
 
+def _lstm_setup(corpus: str, flags: list[str], data_cfg: DataConfig, vocab, args) -> LSTMConfig:
+    cfg = LSTMConfig()
+    apply_overrides([cfg, data_cfg], dict(zip(flags[::2], flags[1::2], strict=True))
+                    | {"threads": str(args.threads), "precision": args.precision})
+    return cfg
+
+
 def run_lstm(name: str, corpus: str, flags: list[str], args, extra: dict, full_data: bool = False) -> dict:
     out = WORK / name
     if full_data:  # lstm-ptb: the whole corpus, the family's own settings
@@ -175,14 +203,17 @@ def run_lstm(name: str, corpus: str, flags: list[str], args, extra: dict, full_d
     else:
         root, data_cfg, vocab, train, valid, test_file = _data(corpus)
     resumed = run_status(out)["started"]
-    cfg = LSTMConfig()
-    apply_overrides([cfg, data_cfg], dict(zip(flags[::2], flags[1::2], strict=True))
-                    | {"threads": str(args.threads), "precision": args.precision})
+    cfg = _lstm_setup(corpus, flags, data_cfg, vocab, args)
     model = new_model("lstm", cfg, vocab)
     model.data_config = data_cfg
     out.mkdir(parents=True, exist_ok=True)
     family("lstm").train(model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg), resumed,
                          args.session_minutes)
+    return _lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra, resumed)
+
+
+def _lstm_row(name: str, corpus: str, out: Path, vocab, train, valid, test_file: Path, flags: list[str], args,
+              extra: dict, resumed: bool) -> dict:
     train_rss = peak_rss_mb()  # the row runs in a process of its own (see main)
     status = run_status(out)
     hist = [h for h in status["history"] if not h.get("partial")]
@@ -205,9 +236,60 @@ def run_lstm(name: str, corpus: str, flags: list[str], args, extra: dict, full_d
     }
 
 
-def run_kn5(name: str, corpus: str) -> dict:
-    out = WORK / name
-    root, data_cfg, vocab, train, valid, test_file = _data(corpus)
+def _time_curve(history: list[dict]) -> list[dict]:
+    """Validation perplexity against training seconds (validation time excluded) at every slice and epoch end."""
+    done, curve = {}, []
+    for h in history:  # a partial row's epoch_seconds counts its own epoch so far
+        before = sum(s for e, s in done.items() if e < h["epoch"])
+        curve.append({"train_seconds": round(before + h["epoch_seconds"], 1), "epoch": h["epoch"],
+                      "partial": bool(h.get("partial")), "valid_ppl": h["valid_ppl"],
+                      **{k: v for k, v in h.items() if k.startswith("log_z")}})
+        if not h.get("partial"):
+            done[h["epoch"]] = h["epoch_seconds"]
+    return curve
+
+
+def _all_data(corpus: str):
+    """The whole training, valid and test splits (the full-corpus recipe)."""
+    root = resolve_corpus(corpus)
+    data_cfg = DataConfig(min_count=CORPORA[corpus]["min_count"])
+    vocab = build_vocab(split_path(root, "train"), min_count=data_cfg.min_count)
+    train, valid = (encode_file(split_path(root, s), vocab) for s in ("train", "valid"))
+    return root, data_cfg, vocab, train, valid, split_path(root, "test")
+
+
+def run_all_lstm(name: str, corpus: str, flags: list[str], args, extra: dict) -> dict:
+    """A full-corpus row, trained in validated slices; an `in_progress` row until its epochs are all done."""
+    out = ALL_WORK / name
+    root, data_cfg, vocab, train, valid, test_file = _all_data(corpus)
+    resumed = run_status(out)["started"]
+    cfg = _lstm_setup(corpus, flags, data_cfg, vocab, args)
+    cfg.train.max_minutes = SLICE_MINUTES
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    while True:
+        status = run_status(out)
+        if sum(1 for h in status["history"] if not h.get("partial")) >= ALL_EPOCHS:
+            break
+        if args.session_minutes and time.time() - t0 >= args.session_minutes * 60:
+            print(f"{name}: stopped after --session-minutes; run the same command again to continue", flush=True)
+            return {"name": name, "corpus": corpus, "in_progress": True, "finished": False, "resumed": resumed,
+                    "time_curve": _time_curve(status["history"]), "flags": flags, "threads": args.threads,
+                    "recipe": extra["recipe"]}
+        model = new_model("lstm", cfg, vocab)
+        model.data_config = data_cfg
+        family("lstm").train(model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg),
+                             status["started"])
+    row = _lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra, resumed)
+    history = run_status(out)["history"]
+    row["time_curve"] = _time_curve(history)
+    row["valid_ppl_final"] = [h for h in history if not h.get("partial")][-1]["valid_ppl"]
+    return row
+
+
+def run_kn5(name: str, corpus: str, whole: bool = False) -> dict:
+    out = (ALL_WORK if whole else WORK) / name
+    root, data_cfg, vocab, train, valid, test_file = _all_data(corpus) if whole else _data(corpus)
     t = time.time()
     if not (out / "config.json").exists():
         model = new_model("kn", KNConfig(order=5), vocab)
@@ -221,6 +303,8 @@ def run_row(name: str, args) -> dict:
     if name == "lstm-ptb":
         return run_lstm(name, "ptb", LSTM_PTB, args, {"recipe": "whole PTB, family defaults + flags"},
                         full_data=True)
+    if name.startswith("gcide-all-"):
+        return run_all_row(name, name.removeprefix("gcide-all-"), args)
     corpus, _, variant = name.partition("-")
     if corpus not in CORPORA or variant not in [*VARIANTS, "kn5"]:
         raise SystemExit(f"unknown row {name}")
@@ -236,6 +320,22 @@ def run_row(name: str, args) -> dict:
     return run_lstm(name, corpus, flags, args, extra)
 
 
+def run_all_row(name: str, variant: str, args) -> dict:
+    if variant == "kn5":
+        return {**run_kn5(name, "gcide", whole=True), "recipe": "whole training split; whole test split"}
+    if variant not in ALL_VARIANTS:
+        raise SystemExit(f"unknown row {name}; full-corpus variants: kn5, {', '.join(ALL_VARIANTS)}")
+    extra = {"recipe": f"{ALL_EPOCHS} epochs over the whole training split; valid/test: the whole splits",
+             "objective_note": "train_ppl of NCE rows is exp(NCE loss)"}
+    flags = list(ALL_ENCODER) + list(ALL_VARIANTS[variant])
+    if "{codes}" in flags:
+        codes, info = _codes("gcide", resolve_corpus("gcide"), args.threads, ALL_WORK)
+        flags = [str(codes) if f == "{codes}" else f for f in flags]
+        # the vectors are trained on the training split alone: the same text the LSTM trains on
+        extra.update(info, codes_train_tokens=int(len(_all_data("gcide")[3].ids)))
+    return run_all_lstm(name, "gcide", flags, args, extra)
+
+
 def plot(path: Path) -> Path:
     """sparse.png: per corpus, test perplexity, embedding + output parameters and training speed of each row,
     and the NCE rows' valid perplexity and log Z_h by epoch."""
@@ -247,7 +347,8 @@ def plot(path: Path) -> Path:
     rows = json.loads(path.read_text())["rows"]
     fig, axes = plt.subplots(2, 4, figsize=(20, 8))
     for ax_row, corpus in zip(axes, ("gcide", "ptb"), strict=True):
-        mine = [r for r in rows if r.get("corpus") == corpus and r["name"] != "lstm-ptb"]
+        mine = [r for r in rows if r.get("corpus") == corpus and r["name"] != "lstm-ptb" and "test_ppl" in r
+                and not r["name"].startswith("gcide-all-")]
         names = [r["name"].removeprefix(corpus + "-") for r in mine]
         ax_row[0].bar(names, [r["test_ppl"] for r in mine])
         ax_row[0].set(title=f"{corpus}: test perplexity (exact)", yscale="log")
@@ -270,7 +371,31 @@ def plot(path: Path) -> Path:
     out = path.with_suffix(".png")
     fig.savefig(out, dpi=90)
     plt.close(fig)
+    plot_all(rows, path.with_name("sparse_all.png"))
     return out
+
+
+def plot_all(rows: list[dict], out: Path) -> None:
+    """sparse_all.png: the full-corpus rows' validation perplexity against training time, all on one plot."""
+    import matplotlib.pyplot as plt
+
+    curves = [r for r in rows if r["name"].startswith("gcide-all-") and r.get("time_curve")]
+    if not curves:
+        return
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for r in curves:
+        c = r["time_curve"]
+        label = r["name"].removeprefix("gcide-all-") + (" (running)" if r.get("in_progress") else "")
+        ax.plot([p["train_seconds"] / 60 for p in c], [p["valid_ppl"] for p in c], marker="o", label=label)
+    kn = next((r for r in rows if r["name"] == "gcide-all-kn5" and "test_ppl" in r), None)
+    if kn:
+        ax.axhline(kn["test_ppl"], color="gray", linestyle="--", label=f"KN5 (test) {kn['test_ppl']:.1f}")
+    ax.set(title="GCIDE, whole corpus: valid perplexity against training time (1 thread)",
+           xlabel="training minutes (validation excluded)", ylabel="valid perplexity (exact)", yscale="log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
 
 
 def main() -> None:
