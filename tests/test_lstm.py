@@ -48,6 +48,7 @@ def _reference(model, vocab, stream: bool) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kw", [{}, {"tied": True}, {"output": "class", "classes": 2},
+                                {"output": "adaptive", "cutoffs": "2,4"},
                                 {"vocab_layers": VocabLayerConfig(objective="nce", normaliser="regression")}])
 def test_batched_sentence_scores_equal_step_by_step(kw):
     model, vocab = _model(**kw)

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from seqlm.errors import SeqlmError
 from seqlm.nn.elman import Elman, elman_reference
-from seqlm.nn.softmax import ClassSoftmax, FullSoftmax, frequency_classes
+from seqlm.nn.softmax import AdaptiveSoftmax, ClassSoftmax, FullSoftmax, adaptive_cutoffs, frequency_classes
 
 
 def zipf_counts(vocab_size: int, seed: int = 0) -> list[int]:
@@ -340,3 +341,29 @@ def test_elman_without_input_projection_matches_reference_paths():
         assert layer.weight_ih is None and "weight_ih" not in layer.state_dict()
     torch.testing.assert_close(outs[0], outs[2])
     torch.testing.assert_close(outs[1], outs[2])
+
+
+def test_adaptive_softmax_equals_a_hand_computation_over_frequency_ranks():
+    torch.manual_seed(0)
+    counts = [3, 50, 7, 1, 20, 9, 2, 40, 5, 4]  # word ids not in frequency order
+    layer = AdaptiveSoftmax(6, counts, [2, 5], div_value=2.0).double()
+    h = torch.randn(4, 6, dtype=torch.float64)
+    rank = {w: r for r, w in enumerate(sorted(range(10), key=lambda w: -counts[w]))}
+    head = torch.log_softmax(layer.asm.head(h), -1)  # (N, 2 + 2 clusters)
+    tails = [torch.log_softmax(t(h), -1) for t in layer.asm.tail]
+    want = torch.empty(4, 10, dtype=torch.float64)
+    for w, r in rank.items():  # head word: its own head entry; tail word: cluster entry + within-cluster
+        c = 0 if r < 2 else 1 if r < 5 else 2
+        want[:, w] = head[:, r] if c == 0 else head[:, 1 + c] + tails[c - 1][:, r - (2 if c == 1 else 5)]
+    assert torch.allclose(layer.log_probs(h), want, atol=1e-12)
+    targets = torch.tensor([1, 3, 9, 0])
+    assert torch.allclose(layer.target_log_probs(h, targets), want[torch.arange(4), targets], atol=1e-12)
+    assert torch.allclose(layer.log_probs(h).exp().sum(-1), torch.ones(4, dtype=torch.float64))
+
+
+def test_adaptive_cutoffs_default_and_refusals():
+    assert adaptive_cutoffs(60990) == [2000, 10000, 50000] and adaptive_cutoffs(10000) == [2000]
+    assert adaptive_cutoffs(100, "10,50") == [10, 50]
+    for bad in ("50,10", "0,5", "10,100", "x"):
+        with pytest.raises(SeqlmError):
+            adaptive_cutoffs(100, bad)

@@ -41,8 +41,9 @@ class LSTMConfig:
     layers: int = 2  # stacked LSTM layers
     dropout: float = 0.0  # on the embeddings, between layers and before the output layer
     tied: bool = False  # output weights = the embedding matrix (needs embed 0 or = hidden)
-    output: str = "full"  # full | class (class-factorised softmax, softmax objective only)
+    output: str = "full"  # full | class (class-factorised softmax) | adaptive (torch's adaptive softmax)
     classes: int = 0  # class output: number of classes; 0 = round(sqrt(V))
+    cutoffs: str = ""  # adaptive output: cluster boundaries in frequency rank, e.g. 2000,10000; "" = 2k/10k/50k < V
     sentence_independent: bool = False  # reset the state at every sentence (train and eval)
     vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)
     train: TrainConfig = field(default_factory=_lstm_training)
@@ -52,11 +53,11 @@ class LSTMConfig:
         if self.embed < 0 or self.classes < 0:
             raise SeqlmError("--embed and --classes must be 0 (automatic) or positive")
         dropout_rate(self.dropout)
-        choice("output", self.output, ("full", "class"))
+        choice("output", self.output, ("full", "class", "adaptive"))
         if self.tied and self.embed not in (0, self.hidden):
             raise SeqlmError(f"--tied needs --embed 0 or equal to --hidden ({self.hidden}), got {self.embed}")
-        if self.tied and (self.vocab_layers.codes or self.output == "class"):
-            raise SeqlmError("--tied works with the plain full output layer only (no --codes, no --output class)")
+        if self.tied and (self.vocab_layers.codes or self.output != "full"):
+            raise SeqlmError("--tied works with the plain full output layer only (no --codes, --output full)")
 
 
 class TiedEmbedding(nn.Module):
@@ -72,7 +73,8 @@ class TiedEmbedding(nn.Module):
 
 class LSTMLM(nn.Module):
     def __init__(self, vocab: Vocab, embed: int, hidden: int, layers: int, dropout: float, tied: bool,
-                 output: str, classes: int, sentence_independent: bool, vocab_layers: VocabLayerConfig):
+                 output: str, classes: int, cutoffs: str, sentence_independent: bool,
+                 vocab_layers: VocabLayerConfig):
         super().__init__()
         self.vocab, self.sentence_independent = vocab, sentence_independent
         embedding = build_embedding(vocab_layers, vocab, embed)
@@ -80,7 +82,8 @@ class LSTMLM(nn.Module):
             nn.init.uniform_(embedding.weight, -0.1, 0.1)
         n_cls = classes or round(len(vocab) ** 0.5)
         # every LSTM starts from the unigram model (what NCE needs), so that objectives compare fairly
-        self.out = build_output(vocab_layers, vocab, hidden, embedding, output, n_cls, unigram_bias=True)
+        self.out = build_output(vocab_layers, vocab, hidden, embedding, output, n_cls, unigram_bias=True,
+                                cutoffs=cutoffs)
         self.embedding = TiedEmbedding(self.out.proj) if tied else embedding
         self.lstm = nn.LSTM(embed, hidden, num_layers=layers, dropout=dropout if layers > 1 else 0.0,
                             batch_first=True)
@@ -142,7 +145,7 @@ class LSTMLM(nn.Module):
 
 def build_lstm(cfg: LSTMConfig, vocab: Vocab) -> LSTMLM:
     return LSTMLM(vocab, embed=cfg.embed or cfg.hidden, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout,
-                  tied=cfg.tied, output=cfg.output, classes=cfg.classes,
+                  tied=cfg.tied, output=cfg.output, classes=cfg.classes, cutoffs=cfg.cutoffs,
                   sentence_independent=cfg.sentence_independent, vocab_layers=cfg.vocab_layers)
 
 

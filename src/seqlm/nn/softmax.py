@@ -1,6 +1,7 @@
-"""Output layers: full softmax and the class-factorised softmax of Mikolov et al. (ICASSP 2011).
+"""Output layers: full softmax, the class-factorised softmax of Mikolov et al. (ICASSP 2011) and PyTorch's
+adaptive softmax (Grave et al. 2017, `torch.nn.AdaptiveLogSoftmaxWithLoss`).
 
-Both layers share one interface. Callers flatten (B, T, H) hidden states to (N, H).
+All layers share one interface. Callers flatten (B, T, H) hidden states to (N, H).
 
 - ``target_log_probs(h, targets) -> (N,)``: natural-log probability of each target word; this is what
   training and perplexity need, and it never builds an (N, V) tensor in the class-factorised layer.
@@ -207,6 +208,40 @@ class ClassSoftmax(nn.Module):
         return row_lp[:, self.word_to_row]  # (N, V) in word-id order
 
 
+def adaptive_cutoffs(vocab_size: int, spec: str = "") -> list[int]:
+    """Cluster boundaries in frequency rank: `spec` ("2000,10000"), or 2k / 10k / 50k where below V."""
+    try:
+        cuts = [int(c) for c in spec.split(",") if c.strip()] if spec else [c for c in (2000, 10000, 50000)
+                                                                             if c < vocab_size]
+    except ValueError:
+        cuts = []
+    if not cuts or cuts != sorted(set(cuts)) or cuts[0] <= 0 or cuts[-1] >= vocab_size:
+        raise SeqlmError(f"--cutoffs must be increasing ranks between 1 and V-1 = {vocab_size - 1}, got {spec!r}")
+    return cuts
+
+
+class AdaptiveSoftmax(nn.Module):
+    """torch.nn.AdaptiveLogSoftmaxWithLoss over words ranked by training frequency (it needs frequent words
+    first): a head over the most frequent words plus one entry per tail cluster, each tail cluster behind a
+    smaller projection (H / div_value^i). Exact and normalised; cost per token ~ H (head + one cluster)."""
+
+    def __init__(self, hidden: int, counts: Sequence[int] | Tensor, cutoffs: list[int], div_value: float = 4.0):
+        super().__init__()
+        counts = torch.as_tensor(counts, dtype=torch.long)
+        order = torch.sort(counts, descending=True, stable=True).indices  # (V,) rank -> word id
+        self.register_buffer("word_to_rank", torch.empty_like(order).scatter_(0, order, torch.arange(len(order))))
+        self.asm = nn.AdaptiveLogSoftmaxWithLoss(hidden, len(order), cutoffs, div_value=div_value, head_bias=True)
+
+    def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
+        return self.asm(_upcast(h), self.word_to_rank[targets]).output  # (N,)
+
+    def loss(self, h: Tensor, targets: Tensor) -> Tensor:
+        return -self.target_log_probs(h, targets)  # (N,)
+
+    def log_probs(self, h: Tensor) -> Tensor:
+        return self.asm.log_prob(_upcast(h))[:, self.word_to_rank]  # (N, V) in word-id order
+
+
 @dataclass
 class VocabLayerConfig:
     """The vocabulary-sized layers of a neural family: how the output is trained, and sparse-code compression."""
@@ -252,13 +287,15 @@ def build_embedding(cfg: VocabLayerConfig, vocab: Vocab, dim: int) -> nn.Module:
 
 
 def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn.Module | None = None,
-                 output: str = "full", classes: int = 0, unigram_bias: bool = False) -> nn.Module:
+                 output: str = "full", classes: int = 0, unigram_bias: bool = False, cutoffs: str = "") -> nn.Module:
     """The output layer a family's config asks for. With --codes the output shares `embedding`'s codes.
     `unigram_bias`: start from the unigram model (biases = log unigram probabilities; always so for NCE)."""
-    if output == "class":
+    if output in ("class", "adaptive"):
         if cfg.objective != "softmax" or cfg.codes:
             raise SeqlmError("--objective nce and --codes need the full output layer (--output full)")
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu").clamp(min=1)
+        if output == "adaptive":
+            return AdaptiveSoftmax(hidden, counts, adaptive_cutoffs(len(vocab), cutoffs))
         return ClassSoftmax(hidden, counts, min(classes, len(vocab)))
     proj = None
     if cfg.codes:
