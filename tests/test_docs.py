@@ -3,13 +3,14 @@
 Every `seqlm ...` line of a ```sh / ```console block, an indented code block or an inline code span is checked
 against the real argparse parser of seqlm.cli: the subcommand exists and every `--flag` is one of its options
 (for `seqlm train`, one of its own options or a `--key value` field of the family's config, as
-`--help-config` lists them). `python bench/X.py ...` lines name a script that exists and flags it defines.
-Every repo-relative path a command names (bench/..., src/..., docs/..., tests/...) exists, and no page names
-an absolute path of the machine it was written on. Nothing is run: it takes well under a second.
+`--help-config` lists them). `python bench/X.py ...` lines name a script that exists, flags it defines and
+rows it has. Every repo-relative path a command names (bench/..., src/..., docs/..., tests/...) exists, and no
+page names an absolute path of the machine it was written on. Nothing is run: it takes well under a second.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -131,12 +132,21 @@ def check_seqlm(args: list[str], parser) -> list[str]:
 
 
 def check_bench(words: list[str]) -> list[str]:
-    """`python bench/X.py --flag ...`: the script exists and defines each flag (itself or via bench/common.py)."""
+    """`python bench/X.py --flag ...`: the script exists and defines each flag (itself or via bench/common.py);
+    each `--rows` name is a row of bench/results/X.json or a name the script spells out."""
     script = ROOT / words[1]
     if not script.is_file():
         return [f"{words[1]} does not exist"]
     source = script.read_text(encoding="utf-8") + (ROOT / "bench" / "common.py").read_text(encoding="utf-8")
-    return [f"{words[1]}: {f} is not an option" for f in _flags(words[2:]) if f'"{f}"' not in source]
+    errors = [f"{words[1]}: {f} is not an option" for f in _flags(words[2:]) if f'"{f}"' not in source]
+    rows = [w.split("=", 1)[-1] for prev, w in zip(["", *words], words) if w.startswith("--rows=") or prev == "--rows"]
+    results = ROOT / "bench" / "results" / f"{script.stem}.json"
+    known = {r["name"] for r in json.loads(results.read_text(encoding="utf-8"))["rows"]} if results.is_file() else set()
+    for name in (n for value in rows for n in value.split(",")):
+        placeholder = name.isupper() or "..." in name or "*" in name or not name
+        if not placeholder and name not in known and f'"{name}"' not in source:
+            errors.append(f"{words[1]}: no row {name!r}")
+    return errors
 
 
 def check_paths(words: list[str]) -> list[str]:
@@ -179,6 +189,7 @@ def test_the_checker_finds_what_has_gone_stale():
         "seqlm frobnicate runs/x",
         "python bench/no_such_bench.py --rows a",
         "python bench/kn_ptb.py --reps 1 --no-such-option",
+        "python bench/afp_ptb.py --rows bptt,afp-k5,ROW --threads 1   # afp-k5 was never a row",
         "```",
         "```console",
         "$ seqlm score runs/x --text docs/no-such-file.txt | head -1",
@@ -192,7 +203,7 @@ def test_the_checker_finds_what_has_gone_stale():
     ])
     found = problems(page)
     expected = ["--hiddne", "--no-such-flag", "'frobnicate'", "no_such_bench.py does not exist",
-                "--no-such-option", "docs/no-such-file.txt does not exist", "--beams", "--valdi"]
+                "--no-such-option", "no row 'afp-k5'", "docs/no-such-file.txt does not exist", "--beams", "--valdi"]
     for what in expected:
         assert any(what in f for f in found), (what, found)
     assert len(found) == len(expected), found  # the console output line and the good command pass
