@@ -185,6 +185,21 @@ def read_table_text(text: str) -> dict[str, list[float]]:
     return {k: [float(x) for x in rest] for k, *rest in rows}
 
 
+def test_nbest_scales_and_penalties_are_the_same_formula(kn, tmp_path, capsys):
+    """n-best lists: total = acoustic_scale * ac + lm_scale * (W new + (1 - W) old) - P * words - O * oovs."""
+    tsv = tmp_path / "n.tsv"
+    hyps = [("u-1", -3.0, -2.0, "the cat sat"), ("u-2", -2.0, -4.0, "a zebra"), ("u-3", -6.0, -1.0, "")]
+    tsv.write_text("".join(f"{k}\t{a}\t{lm}\t{t}\n" for k, a, lm, t in hyps))
+    code, out, err = run(capsys, "rescore", kn, "--tsv", tsv, "--acoustic-scale", "0.5", "--lm-scale", "3",
+                         "--new-lm-weight", "0.8", "--word-penalty", "1.25", "--oov-penalty", "2")
+    assert code == 0, err
+    model = seqlm.load(kn)
+    new = score_tokens(model, encode_sentences([t.split() for *_, t in hyps], model.vocab)).sentence_totals()
+    want = [0.5 * a + 3 * (0.8 * n + 0.2 * lm) - 1.25 * len(t.split()) - 2 * ("zebra" in t)
+            for (_, a, lm, t), n in zip(hyps, new, strict=True)]
+    np.testing.assert_allclose([row[3] for row in read_table_text(out).values()], want, atol=1e-5)
+
+
 def test_old_spellings_are_aliases_of_the_new_meaning(kn, tmp_path, capsys):
     slf = write_slf(tmp_path / "utt1.slf")
     args = ["rescore", kn, "--lattice", slf, "--nbest-decode", "4"]
