@@ -137,8 +137,9 @@ class Hyp:
     oov: int
 
 
-def hypotheses(lat: Lattice, words: WordMap, lm: dict[int, tuple[float, float]], n: int) -> list[Hyp]:
-    """The n best paths with distinct texts (the best path of each text), best first."""
+def hypotheses(lat: Lattice, words: WordMap, lm: dict[int, tuple[float, float]], n: int) -> tuple[list[Hyp], int]:
+    """The n best paths with distinct texts (the best path of each text), best first; and how many best paths
+    were searched for them (at most MAX_PATHS * n: fewer texts come back when the cap binds)."""
     k = n
     while True:
         paths, seen = best_paths(lat, k), {}
@@ -147,9 +148,9 @@ def hypotheses(lat: Lattice, words: WordMap, lm: dict[int, tuple[float, float]],
             if text not in seen:
                 seen[text] = _hyp(lat, list(text), total, arcs, lm)
             if len(seen) == n:
-                return list(seen.values())
+                return list(seen.values()), k
         if len(paths) < k or k >= MAX_PATHS * n:
-            return list(seen.values())
+            return list(seen.values()), k
         k *= 4
 
 
@@ -198,6 +199,11 @@ def rescore_lattice_files(model_dir: str, files: list[str], outputs: Outputs, co
             wm.unknown.clear()
             out, paths, rep, lm = _rescore(lat, model, wm, comb, merge_order, order, beam, max_states)
             rep |= {"file": f, "unknown_words": len(wm.unknown)}
+            key = re.sub(r"\s", "_", lat.name)
+            if outputs.table or outputs.nbest:
+                found, searched = hypotheses(out, wm, lm, outputs.n)
+                hyps += [(f"{key}-{i}", h) for i, h in enumerate(found, 1)]
+                rep |= {"nbest": len(found), "nbest_paths_searched": searched}
             print(json.dumps(rep), file=sys.stderr)
             if not warned and rep["oov_tokens"] * 2 > rep["word_tokens"]:
                 print(f"seqlm: lattice {lat.name}: {rep['oov_tokens']} of {rep['word_tokens']} word tokens are outside "
@@ -205,10 +211,7 @@ def rescore_lattice_files(model_dir: str, files: list[str], outputs: Outputs, co
                 warned = True
             reports.append(rep)
             done.append(out)
-            key = re.sub(r"\s", "_", lat.name)
             best_lines.append(" ".join([key, *(a.word for a in paths[0][1] if wm.token(a.word) is not None)]) + "\n")
-            if outputs.table or outputs.nbest:
-                hyps += [(f"{key}-{i}", h) for i, h in enumerate(hypotheses(out, wm, lm, outputs.n), 1)]
         if outputs.lattice_dir:
             write_lattices(done, Path(outputs.lattice_dir) / Path(f).name, fmt, words_txt)
     _write(outputs, best_lines, hyps)
