@@ -186,12 +186,13 @@ def test_cli_rescores_lattices_in_their_own_format(models, tmp_path, capsys):
     kn = str(models["kn3"])  # kn without context_order: merged at its order, reported approximate
     out = tmp_path / "out"
     code = main(["rescore", str(models["afp2"]), "--lattice", str(SMALL / "lattice.slf"), str(SMALL / "lattice.lat"),
-                 "--words", str(SMALL / "words.txt"), "--out", str(out), "--nbest", "3"])
+                 "--words", str(SMALL / "words.txt"), "--lattice-out", str(out), "--nbest-decode", "3",
+                 "--nbest-out", str(out / "nbest.tsv")])
     assert code == 0
     captured = capsys.readouterr()
     best = captured.out.splitlines()
     assert len(best) == 2 and best[0].split()[0] == "utterance_123" and best[0].split()[1:] == best[1].split()[1:]
-    reports = [json.loads(line) for line in captured.err.splitlines()]
+    reports = [json.loads(line) for line in captured.err.splitlines() if line.startswith("{")]
     assert all(r["exact"] and r["order"] == 3 for r in reports)
     slf = read_lattices(out / "lattice.slf")[1][0]
     kaldi = read_lattices(out / "lattice.lat", SMALL / "words.txt")[1][0]
@@ -201,16 +202,16 @@ def test_cli_rescores_lattices_in_their_own_format(models, tmp_path, capsys):
                                  for ws, lm, ac in scored_paths(kaldi)] or scored_paths(slf) == scored_paths(kaldi)
     nbest = (out / "nbest.tsv").read_text().splitlines()
     assert nbest[0].startswith("key") and len(nbest) == 1 + 2 * 3
-    # --lm-weight 0 keeps the old LM scores (on the expanded lattice); 0.5 is halfway
+    # --new-lm-weight 0 keeps the old LM scores (on the expanded lattice); 0.5 is halfway
     for w in ("0", "0.5"):
-        assert main(["rescore", kn, "--lattice", str(SMALL / "lattice.slf"), "--out", str(tmp_path / w),
-                     "--lm-weight", w, "--merge-order", "3"]) == 0
+        assert main(["rescore", kn, "--lattice", str(SMALL / "lattice.slf"), "--lattice-out", str(tmp_path / w),
+                     "--new-lm-weight", w, "--merge-order", "3"]) == 0
     old, half = (read_lattices(tmp_path / w / "lattice.slf")[1][0] for w in ("0", "0.5"))
     assert scored_paths(old) == scored_paths(_slf())
     assert any(abs(a.lm - b.lm) > 1e-3 for a, b in zip(old.arcs, half.arcs, strict=True))
     reports = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     assert reports and all(r["exact"] and r["order"] == 3 for r in reports)  # KN3 says its order: exact
-    assert main(["rescore", str(models["rnn"]), "--lattice", str(SMALL / "lattice.slf"), "--out",
+    assert main(["rescore", str(models["rnn"]), "--lattice", str(SMALL / "lattice.slf"), "--lattice-out",
                  str(tmp_path / "rnn")]) == 0  # an unbounded history: merged, and the output says so
     reports = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     assert reports and not reports[0]["exact"] and reports[0]["note"].startswith("approximate")

@@ -195,15 +195,10 @@ def cmd_dsae(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
-    """Rescore an n-best list with a model: new total scores per hypothesis and the 1-best per utterance."""
-    from seqlm.eval.rescore import rescore_files
+    """Rescore an n-best list or lattices with a model: new totals, the 1-best per utterance (docs/combination.md)."""
+    from seqlm.eval.rescore_cli import run
 
-    if args.lattice:  # lattices instead (seqlm.eval.lattice_rescore)
-        from seqlm.eval.lattice_rescore import rescore_from_args
-        return rescore_from_args(args)
-
-    rescore_files(args.model_dir, args.nbest, args.tsv, args.acoustic, args.lm_scores, args.costs, args.lm_weight,
-                  args.word_penalty, args.interpolate_old, args.out, args.best, oov_penalty=args.oov_penalty)
+    run(args)
 
 
 def cmd_convert(args: argparse.Namespace, rest: list[str]) -> None:
@@ -320,26 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("rescore", help=cmd_rescore.__doc__,
                         description="Scores are natural-log likelihoods (higher is better), or with --costs "
                                     "negative ones (lower is better, as Kaldi stores them), in and out. "
-                                    "total = acoustic + lm_weight * lm - word_penalty * words - oov_penalty * oovs. "
-                                    "See docs/combination.md.")
-    rs.add_argument("model_dir", help="model directory (or an .arpa file)")
-    rs.add_argument("--nbest", help="hypotheses, one per line: uttid-N word word ... "
-                    "(with --lattice: N, list the N best paths of each lattice)")
-    rs.add_argument("--acoustic", help="with --nbest: lines 'uttid-N score'")
-    rs.add_argument("--lm-scores", help="with --nbest: the old LM scores, lines 'uttid-N score'")
-    rs.add_argument("--tsv", help="instead: one TSV file with columns key, acoustic, lm, text")
-    rs.add_argument("--costs", action="store_true", help="scores are costs (-ln p), in the input and the output")
-    rs.add_argument("--lm-weight", type=float, default=1.0, help="scale of the LM score in the total (with --lattice: "
-                    "the new LM's share W of l= = W new + (1 - W) old)")
-    rs.add_argument("--word-penalty", type=float, default=0.0, help="subtracted from the total per word")
-    rs.add_argument("--oov-penalty", type=float, default=0.0, metavar="P",
-                    help="subtracted from the total per word outside the model's vocabulary (nats; column oov)")
-    rs.add_argument("--interpolate-old", type=float, default=None, metavar="W",
-                    help="LM score = (1-W) new + W old (log-linear; needs the old LM scores)")
-    rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total, oov (default stdout)")
-    rs.add_argument("--best", help="write the best hypothesis of each utterance here (uttid word ...)")
-    from seqlm.eval.lattice_rescore import add_lattice_options
-    add_lattice_options(rs)  # --lattice FILE... and its options
+                                    "total = acoustic_scale * acoustic + lm_scale * lm - word_penalty * words "
+                                    "- oov_penalty * oovs, lm = W new + (1 - W) old (W = --new-lm-weight). "
+                                    "See docs/combination.md and docs/lattices.md.")
+    from seqlm.eval.rescore_cli import add_options
+    add_options(rs)  # n-best and lattice options, one meaning each
     rs.set_defaults(func=cmd_rescore)
 
     ds = sub.add_parser("dsae", help=cmd_dsae.__doc__)

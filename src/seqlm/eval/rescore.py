@@ -10,8 +10,10 @@ Score convention: every score is a natural-log likelihood, higher is better, unl
 Kaldi's n-best files store them (nbest-to-linear's ac/lm cost files). The new LM score is
 ln P(w_1 .. w_n </s> | <s>) from the model, sentence by sentence (no history across hypotheses).
 
-    lm    = new_lm                              (or (1 - W) new_lm + W old_lm with --interpolate-old W)
-    total = acoustic + lm_weight * lm - word_penalty * n_words - oov_penalty * n_oov
+    lm    = W * new_lm + (1 - W) * old_lm       W = --new-lm-weight (default 1: the new LM alone)
+    total = acoustic_scale * acoustic + lm_scale * lm - word_penalty * n_words - oov_penalty * n_oov
+
+(`Combination`: the same names and meanings for lattices, seqlm.eval.lattice_rescore.)
 
 n_oov counts the hypothesis' words outside the model's vocabulary (scored as `<unk>`, the one OOV
 definition of seqlm.eval.perplexity). A model trained on text with many `<unk>` (PTB) can give an
@@ -55,6 +57,30 @@ class NBest:
 
     def utterance(self, i: int) -> str:
         return _KEY.match(self.keys[i]).group(1)  # type: ignore[union-attr]
+
+
+@dataclass
+class Combination:
+    """How `seqlm rescore` combines the scores; one convention for n-best lists and lattices (docs/combination.md)."""
+
+    lm_scale: float | None = None  # LM scale (HTK lmscale=, Kaldi --lm-scale); None: 1, or the lattice's lmscale=
+    acoustic_scale: float | None = None  # acoustic scale (HTK acscale=, Kaldi --acoustic-scale); None: 1 / lattice's
+    word_penalty: float | None = None  # subtracted per word (Kaldi's word-ins-penalty; HTK wdpenalty= is -P); None: 0
+    new_lm_weight: float = 1.0  # the new LM's share: lm = W new + (1 - W) old (Kaldi rnnlm rescoring's --weight)
+    oov_penalty: float = 0.0  # nats subtracted per word the model scores as <unk> (SRILM/Kaldi unknown-word penalty)
+
+    def check(self) -> None:
+        if not 0.0 <= self.new_lm_weight <= 1.0:
+            raise SeqlmError(f"--new-lm-weight is the new LM's share, between 0 and 1, got {self.new_lm_weight}")
+        for name in ("lm_scale", "acoustic_scale", "word_penalty", "oov_penalty"):
+            x = getattr(self, name)
+            if x is not None and not math.isfinite(x):
+                raise SeqlmError(f"--{name.replace('_', '-')} must be a finite number, got {x}")
+
+    def lm(self, new: np.ndarray, old: np.ndarray) -> np.ndarray:
+        """W new + (1 - W) old; the new LM alone when W = 1 (old may then be unknown: nan)."""
+        w = self.new_lm_weight
+        return new if w == 1.0 else w * new + (1.0 - w) * old
 
 
 @dataclass
@@ -164,22 +190,21 @@ def read_tsv(path: str | Path, costs: bool = False) -> NBest:
     return NBest(keys, sentences, np.asarray(ac), np.asarray(old))
 
 
-def rescore(model: LanguageModel, nbest: NBest, lm_weight: float = 1.0, word_penalty: float = 0.0,
-            interpolate_old: float | None = None, max_tokens: int = 4096, oov_penalty: float = 0.0) -> Rescored:
+def rescore(model: LanguageModel, nbest: NBest, comb: Combination | None = None, max_tokens: int = 4096) -> Rescored:
     """New LM scores for every hypothesis (one batched pass) and the combined totals (module docstring)."""
-    if interpolate_old is not None:
-        if not 0.0 <= interpolate_old <= 1.0:
-            raise SeqlmError(f"--interpolate-old must be between 0 and 1, got {interpolate_old}")
-        if np.isnan(nbest.old_lm).any():
-            raise SeqlmError("--interpolate-old needs the old LM scores: give --lm-scores FILE")
-    if not math.isfinite(oov_penalty):
-        raise SeqlmError(f"--oov-penalty must be a finite number, got {oov_penalty}")
+    comb = comb or Combination()
+    comb.check()
+    if comb.new_lm_weight != 1.0 and np.isnan(nbest.old_lm).any():
+        raise SeqlmError("--new-lm-weight below 1 (or --interpolate-old) needs the old LM scores: give --lm-scores "
+                         "FILE or a --tsv file")
     stream = encode_sentences(nbest.sentences, model.vocab)
     new_lm = score_tokens(model, stream, max_tokens=max_tokens).sentence_totals()  # (H,)
     oov = np.add.reduceat(oov_mask(stream, model.vocab).astype(np.int64), np.asarray(stream.starts[:-1]))  # (H,)
-    lm = new_lm if interpolate_old is None else (1 - interpolate_old) * new_lm + interpolate_old * nbest.old_lm
     n_words = np.array([len(s) for s in nbest.sentences], dtype=np.float64)  # (H,)
-    total = nbest.acoustic + lm_weight * lm - word_penalty * n_words - oov_penalty * oov  # (H,)
+    ac_scale = 1.0 if comb.acoustic_scale is None else comb.acoustic_scale
+    lm_scale = 1.0 if comb.lm_scale is None else comb.lm_scale
+    total = (ac_scale * nbest.acoustic + lm_scale * comb.lm(new_lm, nbest.old_lm)
+             - (comb.word_penalty or 0.0) * n_words - comb.oov_penalty * oov)  # (H,)
     best: dict[str, int] = {}
     for i in range(len(nbest.keys)):
         utt = nbest.utterance(i)
@@ -188,14 +213,19 @@ def rescore(model: LanguageModel, nbest: NBest, lm_weight: float = 1.0, word_pen
     return Rescored(nbest, new_lm, total, oov, list(best.values()))
 
 
-def format_scores(r: Rescored, costs: bool = False) -> str:
+def format_table(keys: list[str], acoustic, old_lm, new_lm, total, oov, costs: bool = False) -> str:
     """TSV with a header: key, acoustic, old_lm, new_lm, total (costs if `costs`), oov (a word count)."""
     sign = -1.0 if costs else 1.0
     rows = ["key\tacoustic\told_lm\tnew_lm\ttotal\toov"]
-    for i, key in enumerate(r.nbest.keys):
-        vals = (r.nbest.acoustic[i], r.nbest.old_lm[i], r.new_lm[i], r.total[i])
-        rows.append(key + "".join(f"\t{sign * v:.6f}" for v in vals) + f"\t{int(r.oov[i])}")
+    for i, key in enumerate(keys):
+        vals = (acoustic[i], old_lm[i], new_lm[i], total[i])
+        rows.append(key + "".join(f"\t{sign * v:.6f}" for v in vals) + f"\t{int(oov[i])}")
     return "\n".join(rows) + "\n"
+
+
+def format_scores(r: Rescored, costs: bool = False) -> str:
+    """The score table of `seqlm rescore --out` (format_table)."""
+    return format_table(r.nbest.keys, r.nbest.acoustic, r.nbest.old_lm, r.new_lm, r.total, r.oov, costs)
 
 
 def format_best(r: Rescored) -> str:
@@ -205,9 +235,9 @@ def format_best(r: Rescored) -> str:
 
 def rescore_files(model_dir: str | Path, nbest: str | None = None, tsv: str | None = None,
                   acoustic: str | None = None, lm_scores: str | None = None, costs: bool = False,
-                  lm_weight: float = 1.0, word_penalty: float = 0.0, interpolate_old: float | None = None,
-                  out: str | None = None, best: str | None = None, oov_penalty: float = 0.0) -> Rescored:
-    """What `seqlm rescore` does: read, rescore, write the scores (stdout if no `out`) and the 1-best."""
+                  comb: Combination | None = None, out: str | None = None, best: str | None = None) -> Rescored:
+    """What `seqlm rescore` does with an n-best list: read, rescore, write the scores (stdout if no `out`)
+    and the 1-best."""
     import seqlm
 
     if (nbest is None) == (tsv is None):
@@ -216,13 +246,14 @@ def rescore_files(model_dir: str | Path, nbest: str | None = None, tsv: str | No
         raise SeqlmError("--acoustic and --lm-scores go with --nbest; a --tsv file has its own score columns")
     if nbest is not None and acoustic is None:
         raise SeqlmError("--nbest needs the acoustic scores: --acoustic FILE (lines 'uttid-N score')")
+    comb = comb or Combination()
     hyps = read_tsv(tsv, costs) if tsv is not None else read_nbest(nbest, acoustic, lm_scores, costs)
-    result = rescore(seqlm.load(model_dir), hyps, lm_weight, word_penalty, interpolate_old, oov_penalty=oov_penalty)
+    result = rescore(seqlm.load(model_dir), hyps, comb)
     n_with = int((result.oov > 0).sum())
     if n_with:
         print(f"seqlm: {n_with} of {len(result.oov)} hypotheses have words outside the model's vocabulary "
-              f"(scored as <unk>; column `oov`){'' if oov_penalty else '; --oov-penalty P charges P per such word'}",
-              file=sys.stderr)
+              f"(scored as <unk>; column `oov`)"
+              f"{'' if comb.oov_penalty else '; --oov-penalty P charges P per such word'}", file=sys.stderr)
     text = format_scores(result, costs)
     if out is None:
         sys.stdout.write(text)

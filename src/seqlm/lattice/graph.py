@@ -41,13 +41,16 @@ class Lattice:
     arcs: list[Arc]
     start: int
     end: int
-    lmscale: float = 1.0  # total = acoustic + lmscale * lm + wdpenalty per word (+ prscale * r, SLF)
-    wdpenalty: float = 0.0
+    lmscale: float = 1.0  # total = acscale * acoustic + lmscale * lm + wdpenalty per word (+ prscale * r, SLF)
+    wdpenalty: float = 0.0  # natural log, added per non-null word (HTK's wdpenalty: not in the file's base)
     prscale: float = 1.0
     header: dict[str, str] = field(default_factory=dict)  # SLF header fields, written back as read
     node_fields: list[dict[str, str]] = field(default_factory=list)  # per node (SLF t= W= v=); may be empty
     words_on_nodes: bool = False  # the SLF file had W= on its nodes (written back that way)
     base: float = math.e  # the SLF file's log base (scores are natural logs here)
+    acscale: float = 1.0  # HTK's acscale: the acoustic scale of the total (Kaldi's --acoustic-scale)
+    oov_penalty: float = 0.0  # subtracted from the total per word in oov_words (seqlm rescore --oov-penalty)
+    oov_words: frozenset[str] = frozenset()  # spellings the model scores as <unk>
 
     def check(self, source: str) -> None:
         """A DAG whose every node lies on a path from start to end; one-line errors otherwise."""
@@ -90,11 +93,16 @@ class Lattice:
             raise SeqlmError(f"{source}: the lattice has a cycle; lattices must be acyclic")
         return order
 
-    def total(self, arc: Arc, lm: float | None = None) -> float:
-        """The arc's combined score: acoustic + lmscale * lm + wdpenalty (words only) + prscale * r."""
-        lm = arc.lm if lm is None else lm
+    def side(self, arc: Arc) -> float:
+        """The arc's score apart from the LM: acscale * acoustic + prscale * r + wdpenalty (non-null words),
+        as HTK's LArcTotLike adds them."""
         pron = float(arc.fields.get("r", 0.0)) * math.log(self.base) if "r" in arc.fields else 0.0
-        return arc.acoustic + self.lmscale * lm + (0.0 if is_null(arc.word) else self.wdpenalty) + self.prscale * pron
+        return self.acscale * arc.acoustic + self.prscale * pron + (0.0 if is_null(arc.word) else self.wdpenalty)
+
+    def total(self, arc: Arc, lm: float | None = None) -> float:
+        """The arc's combined score: side(arc) + lmscale * lm, less oov_penalty for a word the model lacks."""
+        oov = self.oov_penalty if self.oov_penalty and arc.word in self.oov_words else 0.0
+        return self.side(arc) + self.lmscale * (arc.lm if lm is None else lm) - oov
 
     def paths(self, limit: int = 100_000) -> Iterator[list[Arc]]:
         """Every start-to-end path as its arcs (depth first); at most `limit` of them."""

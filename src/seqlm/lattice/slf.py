@@ -4,7 +4,9 @@ Read: `key=value` fields (values may be "quoted"), `#` comment lines, gzipped fi
 UTTERANCE, base, lmscale, wdpenalty, prscale, N, L, ...), node lines `I=` (t=, W=, v=) and link lines `J=`
 (S=, E=, W=, a=, l=, r=, v=, ...), long field names (NODES=, LINKS=, START=, END=, WORD=, acoustic=,
 language=) included. Words may sit on links or on nodes: a node's word belongs to the links entering it.
-Scores are converted from the file's `base=` (default e) to natural logs.
+Scores (a=, l=, r=) are converted from the file's `base=` (default e; HTK reads base=1 as e too) to natural
+logs; the header's acscale=, lmscale=, prscale= and wdpenalty= are read as they are (HTK does not apply
+base= to them: wdpenalty is a natural log).
 Write: the same layout back (words on nodes if the file had them there, else on links), scores in the
 file's base, every other field as it was read.
 """
@@ -57,7 +59,7 @@ def _float(path: Path, n: int, fields: dict[str, str], key: str, scale: float = 
     except ValueError:
         x = math.nan
     if not math.isfinite(x):
-        raise SeqlmError(f"{path}:{n}: {key}={fields[key]!r} is not a finite number")
+        raise SeqlmError(f"{path}:{n if n else ' header'}: {key}={fields[key]!r} is not a finite number")
     return x * scale
 
 
@@ -97,9 +99,11 @@ def _build(path: Path, header: dict[str, str], nodes: dict[int, dict[str, str]],
     num = int(header["N"])
     if "L" in header and header["L"].isdigit() and int(header["L"]) != len(links):
         raise SeqlmError(f"{path}: the header says L={header['L']} links but the file has {len(links)}")
-    base = float(header.get("base", "2.718281828459045") or 0)
-    if base <= 0 or base == 1.0:
-        raise SeqlmError(f"{path}: base={header['base']} is not supported (scores must be logs to a base > 0, != 1)")
+    base = _float(path, 0, header, "base") if "base" in header else math.e
+    if base == 1.0:
+        base = math.e  # HTK: base=1 means natural logs (its default)
+    if base <= 0:
+        raise SeqlmError(f"{path}: base={header['base']} is not supported (scores must be logs to a base > 0)")
     ln = math.log(base)
     node_fields = [nodes.get(i, {}) for i in range(num)]
     words_on_nodes = any("W" in f for f in node_fields)
@@ -107,13 +111,14 @@ def _build(path: Path, header: dict[str, str], nodes: dict[int, dict[str, str]],
     for n, f in links:
         src, dst = _int(path, n, f, "S", num), _int(path, n, f, "E", num)
         word = f.get("W", node_fields[dst].get("W"))
+        if "r" in f:
+            _float(path, n, f, "r")  # a number (Lattice.side reads it)
         arcs.append(Arc(src, dst, word, _float(path, n, f, "a", ln), _float(path, n, f, "l", ln),
                         {k: v for k, v in f.items() if k not in _LINK_SKIP}))
+    scales = {k: _float(path, 0, header, k) for k in ("acscale", "lmscale", "prscale") if k in header}
     lat = Lattice(name=header.get("U", path.name), num_nodes=num, arcs=arcs, start=0, end=0,
-                  lmscale=_float(path, 0, header, "lmscale") if "lmscale" in header else 1.0,
-                  wdpenalty=_float(path, 0, header, "wdpenalty", ln), prscale=_float(path, 0, header, "prscale")
-                  if "prscale" in header else 1.0, header=header, node_fields=node_fields,
-                  words_on_nodes=words_on_nodes, base=base)
+                  wdpenalty=_float(path, 0, header, "wdpenalty"), header=header, node_fields=node_fields,
+                  words_on_nodes=words_on_nodes, base=base, **scales)
     lat.start, lat.end = _ends(path, lat, header)
     lat.check(str(path))
     return lat
@@ -149,7 +154,7 @@ def format_slf(lat: Lattice) -> str:
     head.pop("N", None), head.pop("L", None)
     if not lat.header:
         head = {"VERSION": "1.1", "UTTERANCE": lat.name, "lmscale": _num(lat.lmscale),
-                "wdpenalty": _num(lat.wdpenalty / ln)}
+                "wdpenalty": _num(lat.wdpenalty), "acscale": _num(lat.acscale)}
     names = {v: k for k, v in _LONG.items() if k in ("VERSION", "UTTERANCE")}
     lines = [f"{names.get(k, k)}={_quote(v)}" for k, v in head.items()]
     lines.append(f"N={lat.num_nodes} L={len(lat.arcs)}")
