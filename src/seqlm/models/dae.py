@@ -168,6 +168,12 @@ class DAELM(nn.Module):
     def step(self, tokens: Tensor, state: tuple) -> tuple[Tensor, tuple]:
         return self.lm.step(tokens, state)
 
+    def select_state(self, state: tuple, rows: Tensor) -> tuple:
+        return self.lm.select_state(state, rows)
+
+    def cat_states(self, states: list[tuple]) -> tuple:
+        return self.lm.cat_states(states)
+
     def sample_codes(self, num: int, gen: torch.Generator, max_symbols: int) -> list[list[int]]:
         from seqlm.eval.generate import sample_ids
 
