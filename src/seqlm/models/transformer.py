@@ -149,15 +149,18 @@ class TransformerLM(nn.Module):
         return self(batch)[0]
 
     def score_stream(self, batch: Batch, state: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Stream mode: the state is the last W - S inputs read (B, <= W - S), the context of the next call."""
+        """Stream mode: the state is the inputs of the window the last input was read in (B, <= W), read again
+        before the next call, so windows fall where they would in one call over the whole text: the scores do
+        not depend on the chunk length."""
         inputs, resets = batch.inputs, batch.resets
         if state is not None and state.shape[1] and not bool(resets[:, 0].all()):
             inputs = torch.cat([state, inputs], dim=1)  # (B, h + T)
             resets = torch.cat([torch.zeros_like(state, dtype=torch.bool), resets], dim=1)
         n_hist = inputs.shape[1] - batch.inputs.shape[1]
         h = self.windows(self.embed(inputs), resets, n_hist)  # (B, T, D)
-        keep = self.context - self.stride
-        return self.target_logp(h, batch), inputs[:, -keep:]
+        L, W, S = inputs.shape[1], self.context, self.stride
+        last = 0 if L <= W else ((L - 1 - W) // S + 1) * S  # the start of the last window `windows` read
+        return self.target_logp(h, batch), inputs[:, last:]
 
     # -- generation: the key/value cache ---------------------------------------------------------------------
     # A `step` state is (ids (B, S), keys, values (B, layers, heads, S, head_dim), pos (B,)): column j holds the
