@@ -57,6 +57,16 @@ def _unit(model) -> str:
     return getattr(getattr(model, "data_config", None), "unit", "word")
 
 
+def _peek_note(args, paths: list[str]) -> str | None:
+    """Refuse a model that peeks at the scored text (dae) unless --allow-peek; then what its figure is."""
+    from seqlm.models.dae import refuse_peeking
+
+    return refuse_peeking(paths, args.allow_peek)
+
+
+ALLOW_PEEK = "score a dae model that peeks at the text anyway: the figure is p(s|c(s)), c(s) computed from it"
+
+
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     """Train (or, for kn, estimate) a model and print its valid and test perplexity."""
     from seqlm.train.run import train_from_cli
@@ -90,11 +100,13 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
     import seqlm
     from seqlm.eval.perplexity import evaluate
 
+    note = _peek_note(args, [args.model_dir])
     model = seqlm.load(args.model_dir)
     if args.iterations is not None:  # another history rule for an Elman model (seqlm.models.afp)
         from seqlm.models.afp import parse_iterations, with_iterations
         model = with_iterations(model, parse_iterations(args.iterations))
-    print(json.dumps(evaluate(model, _text_stream(model, args), stream_mode=args.stream)))
+    result = evaluate(model, _text_stream(model, args), stream_mode=args.stream)
+    print(json.dumps(result | ({"peeks": note} if note else {})))
 
 
 def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
@@ -102,6 +114,8 @@ def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
     import seqlm
     from seqlm.eval.perplexity import LOG10, score_tokens
 
+    if note := _peek_note(args, [args.model_dir]):
+        print(f"seqlm: note: {note}", file=sys.stderr)
     model = seqlm.load(args.model_dir)
     stream = _text_stream(model, args)
     logp = score_tokens(model, stream).logp / LOG10
@@ -183,8 +197,9 @@ def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
     """Combine saved models by linear interpolation into a mixture model directory (weights by EM on --valid)."""
     from seqlm.eval.interpolate import interpolate
 
+    note = _peek_note(args, args.model_dirs)
     print(json.dumps(interpolate(args.model_dirs, args.out, args.valid, args.weights, args.em, args.stream,
-                                 args.raw)))
+                                 args.raw) | ({"peeks": note} if note else {})))
 
 
 def cmd_dsae(args: argparse.Namespace, rest: list[str]) -> None:
@@ -198,6 +213,8 @@ def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
     """Rescore an n-best list with a model: new total scores per hypothesis and the 1-best per utterance."""
     from seqlm.eval.rescore import rescore_files
 
+    if note := _peek_note(args, [args.model_dir]):
+        print(f"seqlm: note: {note}", file=sys.stderr)
     if args.lattice:  # lattices instead (seqlm.eval.lattice_rescore)
         from seqlm.eval.lattice_rescore import rescore_from_args
         return rescore_from_args(args)
@@ -250,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--data", help="or a dataset name / corpus directory ...")
         q.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
         q.add_argument("--raw", action="store_true", help="untokenised text (see docs)")
+        q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
 
     e = sub.add_parser("eval", help=cmd_eval.__doc__)
     text_args(e)
@@ -315,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     iw.add_argument("--em", action="store_true", help="estimate the weights by EM on --valid (the default with it)")
     ip.add_argument("--stream", action="store_true",
                     help="score --valid with recurrent components carrying state across sentences")
+    ip.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
     ip.set_defaults(func=cmd_interpolate)
 
     rs = sub.add_parser("rescore", help=cmd_rescore.__doc__,
@@ -337,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--interpolate-old", type=float, default=None, metavar="W",
                     help="LM score = (1-W) new + W old (log-linear; needs the old LM scores)")
     rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total, oov (default stdout)")
+    rs.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
     rs.add_argument("--best", help="write the best hypothesis of each utterance here (uttid word ...)")
     from seqlm.eval.lattice_rescore import add_lattice_options
     add_lattice_options(rs)  # --lattice FILE... and its options

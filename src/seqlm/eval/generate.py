@@ -145,6 +145,9 @@ def decode_code(model: Any, code: list[int], beam: int, max_len: int) -> list[Hy
     device = model_device(model)
     state = model.start_state(torch.tensor([code], device=device))
     room = model.lm.context - int(state[3].max()) - 1  # the prefix and the sentence share the positions
+    if room < 1:
+        raise SeqlmError(f"a code of {len(code)} symbols leaves no room for a sentence in the model's "
+                         f"{model.lm.context} positions; give fewer --latent symbols")
     start = model.step(torch.tensor([model.vocab.bos_id], device=device), state)
     return beam_search(model, beam, min(max_len, room), start=start)
 
