@@ -57,11 +57,14 @@ def _unit(model) -> str:
     return getattr(getattr(model, "data_config", None), "unit", "word")
 
 
-def _peek_note(args, paths: list[str]) -> str | None:
-    """Refuse a model that peeks at the scored text (dae) unless --allow-peek; then what its figure is."""
+def _check_peeking(args: argparse.Namespace) -> None:
+    """eval/score/rescore/interpolate (the commands with --allow-peek): refuse a model that peeks at the scored
+    text (dae) unless --allow-peek; then say on stderr what its figure is, and keep it for the JSON output."""
     from seqlm.models.dae import refuse_peeking
 
-    return refuse_peeking(paths, args.allow_peek)
+    args.peek_note = refuse_peeking(getattr(args, "model_dirs", None) or [args.model_dir], args.allow_peek)
+    if args.peek_note:
+        print(f"seqlm: note: {args.peek_note}", file=sys.stderr)
 
 
 ALLOW_PEEK = "score a dae model that peeks at the text anyway: the figure is p(s|c(s)), c(s) computed from it"
@@ -100,13 +103,12 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
     import seqlm
     from seqlm.eval.perplexity import evaluate
 
-    note = _peek_note(args, [args.model_dir])
     model = seqlm.load(args.model_dir)
     if args.iterations is not None:  # another history rule for an Elman model (seqlm.models.afp)
         from seqlm.models.afp import parse_iterations, with_iterations
         model = with_iterations(model, parse_iterations(args.iterations))
     result = evaluate(model, _text_stream(model, args), stream_mode=args.stream)
-    print(json.dumps(result | ({"peeks": note} if note else {})))
+    print(json.dumps(result | ({"peeks": args.peek_note} if args.peek_note else {})))
 
 
 def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
@@ -114,8 +116,6 @@ def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
     import seqlm
     from seqlm.eval.perplexity import LOG10, score_tokens
 
-    if note := _peek_note(args, [args.model_dir]):
-        print(f"seqlm: note: {note}", file=sys.stderr)
     model = seqlm.load(args.model_dir)
     stream = _text_stream(model, args)
     logp = score_tokens(model, stream).logp / LOG10
@@ -197,9 +197,8 @@ def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
     """Combine saved models by linear interpolation into a mixture model directory (weights by EM on --valid)."""
     from seqlm.eval.interpolate import interpolate
 
-    note = _peek_note(args, args.model_dirs)
     print(json.dumps(interpolate(args.model_dirs, args.out, args.valid, args.weights, args.em, args.stream,
-                                 args.raw) | ({"peeks": note} if note else {})))
+                                 args.raw) | ({"peeks": args.peek_note} if args.peek_note else {})))
 
 
 def cmd_dsae(args: argparse.Namespace, rest: list[str]) -> None:
@@ -213,8 +212,6 @@ def cmd_rescore(args: argparse.Namespace, rest: list[str]) -> None:
     """Rescore an n-best list with a model: new total scores per hypothesis and the 1-best per utterance."""
     from seqlm.eval.rescore import rescore_files
 
-    if note := _peek_note(args, [args.model_dir]):
-        print(f"seqlm: note: {note}", file=sys.stderr)
     if args.lattice:  # lattices instead (seqlm.eval.lattice_rescore)
         from seqlm.eval.lattice_rescore import rescore_from_args
         return rescore_from_args(args)
@@ -333,7 +330,6 @@ def build_parser() -> argparse.ArgumentParser:
     iw.add_argument("--em", action="store_true", help="estimate the weights by EM on --valid (the default with it)")
     ip.add_argument("--stream", action="store_true",
                     help="score --valid with recurrent components carrying state across sentences")
-    ip.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
     ip.set_defaults(func=cmd_interpolate)
 
     rs = sub.add_parser("rescore", help=cmd_rescore.__doc__,
@@ -356,11 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--interpolate-old", type=float, default=None, metavar="W",
                     help="LM score = (1-W) new + W old (log-linear; needs the old LM scores)")
     rs.add_argument("--out", help="TSV of key, acoustic, old_lm, new_lm, total, oov (default stdout)")
-    rs.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
     rs.add_argument("--best", help="write the best hypothesis of each utterance here (uttid word ...)")
     from seqlm.eval.lattice_rescore import add_lattice_options
     add_lattice_options(rs)  # --lattice FILE... and its options
     rs.set_defaults(func=cmd_rescore)
+
+    for q in (ip, rs):  # eval and score have it from text_args
+        q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
 
     ds = sub.add_parser("dsae", help=cmd_dsae.__doc__)
     ds.add_argument("baseline", help="model directory of the baseline LM (p)")
@@ -417,6 +415,8 @@ def _run(argv: list[str]) -> int:
         args, rest = parser.parse_known_args(argv)
         if rest and not getattr(args, "allow_rest", False):
             raise SeqlmError(f"unrecognized arguments: {' '.join(rest)} (see seqlm {args.command} --help)")
+        if hasattr(args, "allow_peek"):
+            _check_peeking(args)
         args.func(args, rest)
     except SeqlmError as e:
         _report(e)
