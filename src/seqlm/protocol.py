@@ -70,7 +70,8 @@ class StreamingModel(LanguageModel, Protocol):
     """A model that can carry its history across sentence boundaries (recurrent families).
 
     `score_stream` scores a batch whose rows continue the rows of the previous call; `state` is what the
-    previous call returned (None at the very start). Used by `eval --stream` and by TBPTT training.
+    previous call returned (None at the very start). Used by `eval --stream` and by TBPTT training. The scores
+    must not depend on how the text is cut into calls (tests/test_conformance.py checks chunks of 1 token up).
     """
 
     def score_stream(self, batch: Batch, state: State | None) -> tuple[Tensor, State]: ...
