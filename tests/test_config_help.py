@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+import pytest
+
 from seqlm.cli import main
 from seqlm.config import DataConfig, TrainConfig, field_help, flat_fields
 from seqlm.registry import FAMILIES
@@ -30,6 +32,18 @@ def test_every_training_and_rnn_option_is_described():
         described = field_help(cls)
         missing = [f.name for f in fields(cls) if f.name != "train" and not described.get(f.name)]
         assert not missing, f"{cls.__name__}: no comment for {missing}"
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_help_config_describes_every_option_of_every_family(name, capsys):
+    """Every registered family, every field of every config it holds (nested ones included): a description."""
+    assert main(["train", "--model", name, "--help-config"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    described = {line.split()[0]: line.split(None, 2)[2:] for line in lines}
+    cfg = FAMILIES[name].config()
+    want = {"--" + k.replace("_", "-") for k in [*flat_fields(cfg), *flat_fields(DataConfig())]}
+    assert set(described) == want
+    assert not [k for k, rest in described.items() if not rest], f"{name}: options without a description"
 
 
 def test_help_config_explains_tau_seq_len_and_sentence_independent(capsys):

@@ -156,7 +156,8 @@ def test_cli_dae_train_eval_dsae_generate(tmp_path, capsys):
     capsys.readouterr()
     ppl = {}
     for name in ("dae", "blind", "tf"):
-        assert main(["eval", str(tmp_path / name), "--data", str(corpus)]) == 0
+        peek = ["--allow-peek"] if name == "dae" else []
+        assert main(["eval", str(tmp_path / name), "--data", str(corpus), *peek]) == 0
         ppl[name] = json.loads(capsys.readouterr().out)["ppl"]
     assert main(["dsae", str(tmp_path / "tf"), str(tmp_path / "dae"), "--data", str(corpus)]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -169,11 +170,14 @@ def test_cli_dae_train_eval_dsae_generate(tmp_path, capsys):
     assert 1 <= code["distinct_symbols"] <= 16
     assert 0.0 <= code["entropy_bits"] <= math.log2(code["distinct_symbols"]) + 1e-9
     assert len(code["bit_on_rate"]) == 4 and 0 <= code["constant_bits"] <= 4
-    # a model that cannot see c(s), against itself: nothing saved
-    assert main(["dsae", str(tmp_path / "blind"), str(tmp_path / "blind"), "--data", str(corpus)]) == 0
-    assert json.loads(capsys.readouterr().out)["dsae"] == 0.0
-    assert main(["dsae", str(tmp_path / "dae"), str(tmp_path / "tf"), "--data", str(corpus)]) == 2
-    assert "not a dae model" in capsys.readouterr().err
+    # the equal-capacity baseline is a dae model too; swapped, or a DAE that does not peek: refused, one line
+    assert main(["dsae", str(tmp_path / "blind"), str(tmp_path / "dae"), "--data", str(corpus)]) == 0
+    capsys.readouterr()
+    for base, dae, why in (("dae", "blind", "swapped"), ("dae", "tf", "swapped"), ("tf", "tf", "not a dae model"),
+                           ("blind", "blind", "--peek false"), ("tf", "blind", "--peek false")):
+        assert main(["dsae", str(tmp_path / base), str(tmp_path / dae), "--data", str(corpus)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and len(err.strip().splitlines()) == 1, (base, dae, err)
     assert main(["generate", str(tmp_path / "dae"), "--num", "3", "--max-len", "12"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
     assert main(["generate", str(tmp_path / "dae"), "--latent", "3,1,15", "--beam", "3", "--num", "2"]) == 0
@@ -193,3 +197,20 @@ def test_data_parallel_training_through_the_side_path(tmp_path):
                   "--pretrain-steps", "1000", "--threads", "1", "--max-epochs", "1", SEQLM_CACHE=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["family"] == "dae"
+
+
+def test_generate_latent_refuses_a_code_longer_than_the_fixed_start(tmp_path, capsys):
+    """--code-positions fixed: c(s) sits just before the separator's fixed position, so a longer code would put
+    positions below 0 (into the learned table from its end): refused, one line, exit 2."""
+    corpus = write_corpus(tmp_path / "c", n_train=40, n_eval=5)
+    small = ["--k", "1", "--bits", "4", "--filter-size", "16", "--latent-d-model", "16", "--pretrain-steps", "2",
+             "--context", "32", "--code-positions", "fixed"]
+    assert _tiny(corpus, tmp_path / "fixed", "--model", "dae", *small) == 0
+    start = 32 // 2 + 1  # context // K + 1
+    capsys.readouterr()
+    fits = ",".join(["3"] * start)
+    assert main(["generate", str(tmp_path / "fixed"), "--latent", fits, "--beam", "2", "--num", "1"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "fixed"), "--latent", fits + ",3", "--num", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"at most {start} symbols" in err

@@ -12,7 +12,8 @@ import torch
 from seqlm.cli import main
 from seqlm.data.corpus import read_sentences
 from seqlm.data.vocab import Vocab
-from seqlm.eval.generate import beam_search, select_rows
+from seqlm.eval.generate import beam_search
+from seqlm.protocol import select_state
 
 
 class Bigram:
@@ -64,9 +65,9 @@ def test_a_wider_beam_never_finds_a_worse_best_sentence():
         assert wide.logp >= narrow.logp - 1e-12
 
 
-def test_select_rows_reorders_every_tensor_of_a_nested_state():
+def test_select_state_reorders_every_tensor_of_a_nested_state():
     state = ([torch.arange(3), torch.arange(6).view(3, 2)], torch.tensor([True, False, True]), None)
-    sel = select_rows(state, torch.tensor([2, 2, 0]))
+    sel = select_state(object(), state, torch.tensor([2, 2, 0]))  # a model without its own: batch-first
     assert sel[0][0].tolist() == [2, 2, 0] and sel[0][1].tolist() == [[4, 5], [4, 5], [0, 1]]
     assert sel[1].tolist() == [True, True, True] and sel[2] is None
 

@@ -57,6 +57,19 @@ def _unit(model) -> str:
     return getattr(getattr(model, "data_config", None), "unit", "word")
 
 
+def _check_peeking(args: argparse.Namespace) -> None:
+    """eval/score/rescore/interpolate (the commands with --allow-peek): refuse a model that peeks at the scored
+    text (dae) unless --allow-peek; then say on stderr what its figure is, and keep it for the JSON output."""
+    from seqlm.models.dae import refuse_peeking
+
+    args.peek_note = refuse_peeking(getattr(args, "model_dirs", None) or [args.model_dir], args.allow_peek)
+    if args.peek_note:
+        print(f"seqlm: note: {args.peek_note}", file=sys.stderr)
+
+
+ALLOW_PEEK = "score a dae model that peeks at the text anyway: the figure is p(s|c(s)), c(s) computed from it"
+
+
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     """Train (or, for kn, estimate) a model and print its valid and test perplexity."""
     from seqlm.train.run import train_from_cli
@@ -94,7 +107,8 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
     if args.iterations is not None:  # another history rule for an Elman model (seqlm.models.afp)
         from seqlm.models.afp import parse_iterations, with_iterations
         model = with_iterations(model, parse_iterations(args.iterations))
-    print(json.dumps(evaluate(model, _text_stream(model, args), stream_mode=args.stream)))
+    result = evaluate(model, _text_stream(model, args), stream_mode=args.stream)
+    print(json.dumps(result | ({"peeks": args.peek_note} if args.peek_note else {})))
 
 
 def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
@@ -184,7 +198,7 @@ def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
     from seqlm.eval.interpolate import interpolate
 
     print(json.dumps(interpolate(args.model_dirs, args.out, args.valid, args.weights, args.em, args.stream,
-                                 args.raw)))
+                                 args.raw) | ({"peeks": args.peek_note} if args.peek_note else {})))
 
 
 def cmd_dsae(args: argparse.Namespace, rest: list[str]) -> None:
@@ -245,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--data", help="or a dataset name / corpus directory ...")
         q.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
         q.add_argument("--raw", action="store_true", help="untokenised text (see docs)")
+        q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
 
     e = sub.add_parser("eval", help=cmd_eval.__doc__)
     text_args(e)
@@ -322,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(rs)  # n-best and lattice options, one meaning each
     rs.set_defaults(func=cmd_rescore)
 
+    for q in (ip, rs):  # eval and score have it from text_args
+        q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
+
     ds = sub.add_parser("dsae", help=cmd_dsae.__doc__)
     ds.add_argument("baseline", help="model directory of the baseline LM (p)")
     ds.add_argument("dae", help="model directory of the dae model that peeks at c(s) (p')")
@@ -377,6 +395,8 @@ def _run(argv: list[str]) -> int:
         args, rest = parser.parse_known_args(argv)
         if rest and not getattr(args, "allow_rest", False):
             raise SeqlmError(f"unrecognized arguments: {' '.join(rest)} (see seqlm {args.command} --help)")
+        if hasattr(args, "allow_peek"):
+            _check_peeking(args)
         args.func(args, rest)
     except SeqlmError as e:
         _report(e)

@@ -57,6 +57,23 @@ def code_usage(model, stream) -> dict:
             "constant_bits": int(((on < 0.01) | (on > 0.99)).sum()), "bit_on_rate": [round(float(x), 4) for x in on]}
 
 
+def _peeks(model) -> bool:
+    return getattr(model, "family", None) == "dae" and bool(model.peek)
+
+
+def check_pair(base, model, baseline: str | Path, dae: str | Path) -> None:
+    """DAE must peek at c(s) and BASELINE must not: swapped arguments (or a `--peek false` DAE) would print a
+    DSAE of a pair the formula is not about (negative, or 0 by construction)."""
+    if _peeks(base):
+        raise SeqlmError(f"{baseline}: the BASELINE peeks at c(s) (a dae model with peek); the arguments look "
+                         "swapped: give BASELINE (no peeking) then DAE")
+    if getattr(model, "family", None) != "dae":
+        raise SeqlmError(f"{dae}: not a dae model (it is {getattr(model, 'family', '?')}); give BASELINE then DAE")
+    if not _peeks(model):
+        raise SeqlmError(f"{dae}: this dae model was trained with --peek false, so it does not peek at c(s); "
+                         "give it as BASELINE and a dae model with peek as DAE")
+
+
 def dsae_from_dirs(baseline: str | Path, dae: str | Path, data: str | None, text: str | None, split: str) -> dict:
     """`seqlm dsae BASELINE DAE`: both models scored on the same text, sentence by sentence."""
     import seqlm
@@ -65,8 +82,7 @@ def dsae_from_dirs(baseline: str | Path, dae: str | Path, data: str | None, text
     from seqlm.eval.perplexity import evaluate
 
     base, model = seqlm.load(baseline), seqlm.load(dae)
-    if getattr(model, "family", None) != "dae":
-        raise SeqlmError(f"{dae}: not a dae model (it is {getattr(model, 'family', '?')}); give BASELINE then DAE")
+    check_pair(base, model, baseline, dae)
     unit = model.data_config.unit
     if base.vocab != model.vocab or getattr(base.data_config, "unit", "word") != unit:
         raise SeqlmError("the two models have different vocabularies or units: per-token perplexities would not "

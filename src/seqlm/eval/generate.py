@@ -1,9 +1,8 @@
 """Generating sentences from any LanguageModel through its `initial_state` / `step` methods: ancestral
 sampling, and beam search.
 
-Beam search reorders the rows of a model's state as hypotheses are kept or dropped. It relies on one
-convention every family follows: a state is a tensor, or nested tuples / lists / dicts of tensors, each
-with the batch on dimension 0 (see `select_rows`).
+Beam search reorders the rows of a model's state as hypotheses are kept or dropped, through the
+protocol's `select_state` (whatever the family's state layout).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from torch import Tensor
 
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import model_device
-from seqlm.protocol import LanguageModel, State
+from seqlm.protocol import LanguageModel, State, select_state
 
 
 def _check(num: int, max_len: int, temperature: float = 1.0) -> None:
@@ -64,17 +63,6 @@ def sample_ids(model: LanguageModel, num: int, gen: torch.Generator, temperature
     return out
 
 
-def select_rows(state: Any, rows: Tensor) -> Any:
-    """The state of the hypotheses `rows` (indices into dimension 0 of every tensor in `state`)."""
-    if isinstance(state, Tensor):
-        return state.index_select(0, rows.to(state.device))
-    if isinstance(state, (tuple, list)):
-        return type(state)(select_rows(s, rows) for s in state)
-    if isinstance(state, dict):
-        return {k: select_rows(v, rows) for k, v in state.items()}
-    return state  # no per-row content (None, a number)
-
-
 @dataclass
 class Hypothesis:
     ids: list[int]  # the tokens, `</s>` not included
@@ -116,7 +104,7 @@ def beam_search(model: LanguageModel, beam: int, max_len: int = 100,
         live = keep
         rows_t = torch.tensor(rows)
         logp, state = model.step(torch.tensor([h.ids[-1] for h in live], device=device),
-                                 select_rows(state, rows_t))
+                                 select_state(model, state, rows_t))
     else:
         done += live
     return sorted(done, key=lambda h: -h.logp)[:beam] if done else live
@@ -156,7 +144,10 @@ def decode_code(model: Any, code: list[int], beam: int, max_len: int) -> list[Hy
     """Beam search for s given the latent symbols c(s) (a dae model)."""
     device = model_device(model)
     state = model.start_state(torch.tensor([code], device=device))
-    room = model.lm.context - state[0].shape[1] - 1  # the prefix and the sentence share the positions
+    room = model.lm.context - int(state[3].max()) - 1  # the prefix and the sentence share the positions
+    if room < 1:
+        raise SeqlmError(f"a code of {len(code)} symbols leaves no room for a sentence in the model's "
+                         f"{model.lm.context} positions; give fewer --latent symbols")
     start = model.step(torch.tensor([model.vocab.bos_id], device=device), state)
     return beam_search(model, beam, min(max_len, room), start=start)
 

@@ -11,7 +11,8 @@ histories reaching it (`<s>` included at the start), as SRILM's `lattice-tool -o
   hypothesis so far (Kaldi's pruned RNNLM lattice rescoring); the result says `exact: False`.
 
 The model state of an expanded state is computed once, by `step` from the state it came from, batched over
-all expanded states of a topological level (nodes whose longest path from the start is equally long);
+all expanded states of a topological level (nodes whose longest path from the start is equally long),
+their model states gathered by the protocol's `select_state`/`cat_states` (any family's layout);
 only the log-probabilities of the words that can follow are kept (a model with the optional
 `step_targets(tokens, state, rows, targets)`, as the Elman LMs have, computes only those). Null words,
 `<s>`, `</s>` and silence are not predicted; `</s>` is scored on the arcs into the end node. A beam (on
@@ -23,16 +24,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from torch import Tensor
 
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import model_device
 from seqlm.lattice.graph import Arc, Lattice, is_null
-from seqlm.protocol import LanguageModel, context_order
+from seqlm.protocol import LanguageModel, cat_states, context_order, select_state
 
 NOT_PREDICTED = frozenset({"<s>", "</s>", "!SIL", "<sil>"})  # sentence marks and silence: no LM score
 STEP_ROWS = 1024  # expanded states per `step` call: bounds the (rows, V) log-probability block
@@ -70,26 +69,6 @@ class Expansion:
     model_steps: int = 0  # rows through model.step
 
 
-def _take(state: Any, idx: Tensor) -> Any:
-    """Rows `idx` of a batched model state (a tensor, or tuples/lists of them)."""
-    if state is None:
-        return None
-    if isinstance(state, Tensor):
-        return state.index_select(0, idx.to(state.device))
-    if isinstance(state, (tuple, list)):
-        return type(state)(_take(s, idx) for s in state)
-    raise SeqlmError(f"lattice rescoring cannot batch a model state of type {type(state).__name__}")
-
-
-def _cat(states: list[Any]) -> Any:
-    first = states[0]
-    if first is None:
-        return None
-    if isinstance(first, Tensor):
-        return torch.cat(states)
-    return type(first)(_cat([s[i] for s in states]) for i in range(len(first)))
-
-
 class _ModelStates:
     """Model states computed by `step`, kept batched per call; a state is addressed as (call, row)."""
 
@@ -117,8 +96,9 @@ class _ModelStates:
             for i, (loc, _) in enumerate(requests):
                 by_call[loc[0]].append(i)
             order = [i for c in by_call for i in by_call[c]]
-            state = _cat([_take(self.calls[c], torch.tensor([requests[i][0][1] for i in by_call[c]]))
-                          for c in by_call])
+            state = cat_states(self.model, [select_state(self.model, self.calls[c],
+                                                         torch.tensor([requests[i][0][1] for i in by_call[c]]))
+                                            for c in by_call])
             requests, needed = [requests[i] for i in order], [needed[i] for i in order]
         tokens = torch.tensor([tok for _, tok in requests])
         rows = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor([len(n) for n in needed]))

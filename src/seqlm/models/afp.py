@@ -98,7 +98,24 @@ class AFPLM(nn.Module):
         return self(batch, None)[0]
 
     def score_stream(self, batch: Batch, state: Tensor | None) -> tuple[Tensor, Tensor]:
-        return self(batch, state)
+        """Stream mode (`eval --stream`). Exact rule: the hidden state is carried. AFP-K: the state is the
+        window of the last K input ids (B, K) (-1 before the text's or the last sentence start's first
+        input, as in `step`), read again before each chunk, so every position's history is its last K inputs
+        whatever the chunk length. (TBPTT training instead carries h^(K) of the previous chunk's last position
+        into its first K positions: `forward`.)"""
+        if self.iterations is None:
+            return self(batch, state)
+        K, (B, T) = self.iterations, batch.inputs.shape
+        window = self.initial_state(B) if state is None else state  # (B, K)
+        ids = torch.cat([window, batch.inputs], dim=1)  # (B, K + T)
+        prev_gone = torch.cat([torch.ones_like(ids[:, :1], dtype=torch.bool), ids[:, :-1] < 0], dim=1)
+        resets = prev_gone | torch.cat([torch.zeros_like(window, dtype=torch.bool), batch.resets], dim=1)  # (B, K+T)
+        x = self.drop(self.embedding(ids.clamp(min=0)))  # (B, K + T, E)
+        h = fixed_point(self.rnn, x, self.rnn.initial_state(B, x.device), resets, K)[:, K:]  # (B, T, H)
+        logp = self.out.target_log_probs(self.drop(h).flatten(0, 1), batch.targets.flatten()).view(B, T)  # (B, T)
+        col = torch.arange(K, device=ids.device)
+        last = torch.where(resets[:, -K:], col, -1).max(dim=1, keepdim=True).values  # (B, 1) last start in it
+        return logp.masked_fill(~batch.mask, 0.0), torch.where(col >= last, ids[:, -K:], -1)  # (B, K)
 
     def initial_state(self, batch_size: int) -> Tensor:
         """Exact: s(0) (B, H). AFP-K: the window of the last K token ids (B, K), -1 before the start."""

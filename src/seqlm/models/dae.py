@@ -13,12 +13,15 @@ capacity, against which `seqlm dsae` measures how many of the b / K bits per tok
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from seqlm import checkpoint as ckpt
 from seqlm.config import TrainConfig, choice, dropout_rate, non_negative, positive
 from seqlm.data.batching import Planned, sentence_groups, sentence_rows
 from seqlm.data.corpus import TokenStream
@@ -118,6 +121,9 @@ class DAELM(nn.Module):
         `fixed_start` in every row, so a token of s has the same position whatever the length of c(s)."""
         if not self.fixed_start:
             return None
+        if m_max > self.fixed_start:  # positions would go negative, into the learned table from its end
+            raise SeqlmError(f"a code of {m_max} symbols does not fit before the separator's fixed position "
+                             f"({self.fixed_start}, --code-positions fixed): give at most {self.fixed_start} symbols")
         pos = self.fixed_start - m_max + torch.arange(x.shape[1], device=x.device)  # (L,) >= 0: m_max <= start
         return pos.unsqueeze(0).expand(x.shape[0], -1)
 
@@ -168,6 +174,12 @@ class DAELM(nn.Module):
     def step(self, tokens: Tensor, state: tuple) -> tuple[Tensor, tuple]:
         return self.lm.step(tokens, state)
 
+    def select_state(self, state: tuple, rows: Tensor) -> tuple:
+        return self.lm.select_state(state, rows)
+
+    def cat_states(self, states: list[tuple]) -> tuple:
+        return self.lm.cat_states(states)
+
     def sample_codes(self, num: int, gen: torch.Generator, max_symbols: int) -> list[list[int]]:
         from seqlm.eval.generate import sample_ids
 
@@ -177,6 +189,36 @@ class DAELM(nn.Module):
         from seqlm.eval.generate import run_dae_generate
 
         return run_dae_generate(self, args)
+
+
+PEEK_NOTE = ("p(s|c(s)): c(s) is computed from the very text scored (a dae model peeks at it); not a language "
+             "model's p(s)")
+
+
+def saved_model_peeks(path: str | Path, depth: int = 0) -> bool:
+    """Whether the model saved at `path` peeks at the text it scores: a dae model with peek (its default), or
+    a mixture holding one. Read from config.json alone, before loading; a file it cannot read is `load`'s to
+    report, so it says False then."""
+    cfg = Path(path) / ckpt.CONFIG
+    try:
+        meta = json.loads(cfg.read_text(encoding="utf-8"))
+        if meta["family"] == "dae":
+            return bool(meta["model"].get("peek", DAEConfig.peek))
+        if meta["family"] == "mix" and depth < 8:
+            return any(saved_model_peeks(Path(path) / str(c), depth + 1) for c in meta["model"]["components"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return False
+
+
+def refuse_peeking(paths: list[str], allow: bool) -> str | None:
+    """`eval/score/rescore/interpolate`: refuse a model that peeks unless `--allow-peek`; then the note to print."""
+    peeking = [p for p in paths if saved_model_peeks(p)]
+    if peeking and not allow:
+        raise SeqlmError(f"{peeking[0]} peeks at the text it scores: its figure would be p(s|c(s)) with c(s) "
+                         "computed from that very text, not p(s); compare it with `seqlm dsae BASELINE DAE`, or "
+                         "pass --allow-peek to get that figure")
+    return PEEK_NOTE if peeking else None
 
 
 def dae_batches(cfg: DAEConfig, vocab: Vocab):

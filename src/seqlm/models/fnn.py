@@ -30,9 +30,9 @@ def fofe_paper_training() -> TrainConfig:
 @dataclass
 class FNNConfig:
     order: int = 3  # n: predicts from the previous n-1 words
-    embed: int = 200
-    hidden: int = 400
-    layers: int = 2
+    embed: int = 200  # projection (word embedding) size of each of the n-1 context words
+    hidden: int = 400  # units per ReLU hidden layer
+    layers: int = 2  # ReLU hidden layers before the softmax
     dropout: float = 0.0  # on the input and every hidden layer; 0 = the paper's model
     vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)  # NCE, sparse codes
     train: TrainConfig = field(default_factory=fofe_paper_training)

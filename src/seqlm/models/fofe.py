@@ -28,9 +28,9 @@ from seqlm.protocol import Batch
 class FOFEConfig:
     order: int = 2  # 1: z_t; 2: [z_t; z_{t-1}]; n: the n most recent codes
     alpha: float = 0.7  # forgetting factor; the paper uses 0.7 (Fig. 4: good between 0.5 and 0.8)
-    embed: int = 200
-    hidden: int = 400
-    layers: int = 2
+    embed: int = 200  # word embedding size; each FOFE code z_t has this size
+    hidden: int = 400  # units per ReLU hidden layer
+    layers: int = 2  # ReLU hidden layers before the softmax
     dropout: float = 0.0  # on the input and every hidden layer; 0 = the paper's model
     vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)  # NCE, sparse codes
     train: TrainConfig = field(default_factory=fofe_paper_training)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -95,6 +96,15 @@ class LSTMLM(nn.Module):
         w = self.lstm.weight_hh_l0
         zeros = w.new_zeros(self.lstm.num_layers, batch_size, self.lstm.hidden_size)  # (L, B, H)
         return zeros, zeros.clone()
+
+    # torch's LSTM keeps the batch on dimension 1 of its state: rows are picked and joined there
+    def select_state(self, state: State, rows: Tensor) -> State:
+        """protocol.select_state: rows (R,) of (h, c) -> each (L, R, H)."""
+        return tuple(s.index_select(1, rows.to(s.device)) for s in state)  # type: ignore[return-value]
+
+    def cat_states(self, states: list[State]) -> State:
+        """protocol.cat_states: the rows of several (h, c) states, in order."""
+        return torch.cat([s[0] for s in states], dim=1), torch.cat([s[1] for s in states], dim=1)  # (L, B, H)
 
     def _start(self, batch: Batch, state: State | None) -> State:
         """The state each row starts from: carried over, or fresh where a sentence starts (stream mode)."""

@@ -33,7 +33,7 @@ from seqlm import checkpoint as ckpt
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import can_stream, model_device, score_tokens
-from seqlm.protocol import Batch, LanguageModel
+from seqlm.protocol import Batch, LanguageModel, cat_states, select_state
 
 NOT_TRAINED = ("a mixture is not trained: combine saved models with `seqlm interpolate MODEL_DIR... "
                "--valid FILE --out DIR`")
@@ -164,6 +164,17 @@ class MixtureModel:
     def initial_state(self, batch_size: int) -> tuple[list[Any], Tensor]:
         """Every component's initial state, and which rows are still to read their start symbol (B,)."""
         return [c.initial_state(batch_size) for c in self.components], torch.ones(batch_size, dtype=torch.bool)
+
+    def select_state(self, state: tuple[list[Any], Tensor], rows: Tensor) -> tuple[list[Any], Tensor]:
+        """protocol.select_state: each component's rows through its own layout."""
+        states, fresh = state
+        return ([select_state(c, s, rows) for c, s in zip(self.components, states, strict=True)],
+                fresh.index_select(0, rows.to(fresh.device)))
+
+    def cat_states(self, states: list[tuple[list[Any], Tensor]]) -> tuple[list[Any], Tensor]:
+        """protocol.cat_states: each component's states joined through its own layout."""
+        parts = [cat_states(c, [s[0][i] for s in states]) for i, c in enumerate(self.components)]
+        return parts, torch.cat([s[1] for s in states])
 
     @torch.no_grad()
     def step(self, tokens: Tensor, state: tuple[list[Any], Tensor]) -> tuple[Tensor, tuple[list[Any], Tensor]]:

@@ -25,6 +25,8 @@ from seqlm.errors import SeqlmError
 from seqlm.nn.transformer import Block, segment_layout, sinusoidal_positions
 from seqlm.protocol import Batch
 
+State = tuple[Tensor, Tensor, Tensor, Tensor]  # step's cache: ids (B, S), keys, values, next position (B,)
+
 SIZES = {  # the paper's configurations (discrete-autoencoders.txt, "Transformer"): layers, d_model, d_ff, heads
     "base": (6, 512, 4096, 8),  # "6 layers, hidden size of 512 and filter size of 4096"
     "small": (3, 384, 2048, 6),  # the noise ablation's "3 layers, hidden size of 384 and filter size of 2048"
@@ -147,25 +149,47 @@ class TransformerLM(nn.Module):
         return self(batch)[0]
 
     def score_stream(self, batch: Batch, state: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Stream mode: the state is the last W - S inputs read (B, <= W - S), the context of the next call."""
+        """Stream mode: the state is the inputs of the window the last input was read in (B, <= W), read again
+        before the next call, so windows fall where they would in one call over the whole text: the scores do
+        not depend on the chunk length."""
         inputs, resets = batch.inputs, batch.resets
         if state is not None and state.shape[1] and not bool(resets[:, 0].all()):
             inputs = torch.cat([state, inputs], dim=1)  # (B, h + T)
             resets = torch.cat([torch.zeros_like(state, dtype=torch.bool), resets], dim=1)
         n_hist = inputs.shape[1] - batch.inputs.shape[1]
         h = self.windows(self.embed(inputs), resets, n_hist)  # (B, T, D)
-        keep = self.context - self.stride
-        return self.target_logp(h, batch), inputs[:, -keep:]
+        L, W, S = inputs.shape[1], self.context, self.stride
+        last = 0 if L <= W else ((L - 1 - W) // S + 1) * S  # the start of the last window `windows` read
+        return self.target_logp(h, batch), inputs[:, last:]
 
-    def initial_state(self, batch_size: int) -> tuple[Tensor, Tensor, Tensor]:
-        """(inputs read in the current window (B, n), keys and values (B, layers, heads, n, head_dim))."""
+    # -- generation: the key/value cache ---------------------------------------------------------------------
+    # A `step` state is (ids (B, S), keys, values (B, layers, heads, S, head_dim), pos (B,)): column j holds the
+    # input whose key and value are at j (-1 marks left padding, masked out of attention), pos is the position
+    # of the next input. Rows of different lengths share a batch by left padding (`cat_states`), so lattice
+    # expansion can batch histories of any lengths; each row gives what it would give alone.
+    def initial_state(self, batch_size: int) -> State:
         dev = self.embed.weight.device
         first = self.blocks[0].attn
         d_head = self.embed.embedding_dim // first.heads
         kv = torch.zeros(batch_size, len(self.blocks), first.heads, 0, d_head, device=dev)
-        return torch.zeros(batch_size, 0, dtype=torch.long, device=dev), kv, kv.clone()
+        ids = torch.zeros(batch_size, 0, dtype=torch.long, device=dev)
+        return ids, kv, kv.clone(), torch.zeros(batch_size, dtype=torch.long, device=dev)
 
-    def prime(self, x: Tensor, resets: Tensor, pos: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def select_state(self, state: State, rows: Tensor) -> State:
+        """protocol.select_state: rows (R,) of a cache, left padding they all share dropped."""
+        ids, k, v, pos = (t.index_select(0, rows.to(t.device)) for t in state)
+        pad = int((ids < 0).sum(1).min()) if len(ids) else 0  # padding is on the left only
+        return ids[:, pad:], k[:, :, :, pad:], v[:, :, :, pad:], pos
+
+    def cat_states(self, states: list[State]) -> State:
+        """protocol.cat_states: caches of any lengths in one batch, shorter ones padded on the left."""
+        S = max(s[0].shape[1] for s in states)
+        ids = torch.cat([F.pad(s[0], (S - s[0].shape[1], 0), value=-1) for s in states])  # (B, S)
+        k = torch.cat([F.pad(s[1], (0, 0, S - s[1].shape[3], 0)) for s in states])  # (B, layers, heads, S, Dh)
+        v = torch.cat([F.pad(s[2], (0, 0, S - s[2].shape[3], 0)) for s in states])
+        return ids, k, v, torch.cat([s[3] for s in states])
+
+    def prime(self, x: Tensor, resets: Tensor, pos: Tensor | None = None) -> State:
         """The `step` state after reading input vectors x (B, L, D) (a prefix that is not tokens): the cache of
         their last segment, which must start at the same column in every row. Its positions stand in for
         tokens, so x plus what is generated after it must fit in `context` (the cache is never rebuilt)."""
@@ -175,27 +199,37 @@ class TransformerLM(nn.Module):
         if not bool(starts[:, c].all()):
             raise SeqlmError("prime: rows whose last segments start at different columns")
         _, kvs = self.run(x[:, c:], resets[:, c:], None if pos is None else pos[:, c:])
-        n = x.shape[1] - c if pos is None else int(pos[:, -1].max()) + 1  # `step` goes on from position n
-        ids = torch.zeros(x.shape[0], n, dtype=torch.long, device=x.device)
-        return ids, torch.stack([kv[0] for kv in kvs], dim=1), torch.stack([kv[1] for kv in kvs], dim=1)
+        B, S = x.shape[0], x.shape[1] - c
+        nxt = torch.full((B,), S, device=x.device) if pos is None else pos[:, -1] + 1  # `step` goes on from here
+        ids = torch.zeros(B, S, dtype=torch.long, device=x.device)  # stand-ins: not tokens, never re-read
+        return ids, torch.stack([kv[0] for kv in kvs], dim=1), torch.stack([kv[1] for kv in kvs], dim=1), nxt
 
-    def step(self, tokens: Tensor, state: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, tuple]:
-        ids, k, v = state
-        if ids.shape[1] == self.context:  # window full: rebuild the cache from the last W - S inputs
-            ids = ids[:, self.stride :]
-            _, kvs = self.run(self.embed(ids), torch.zeros_like(ids, dtype=torch.bool))
-            k = torch.stack([kv[0] for kv in kvs], dim=1)  # (B, layers, H, W - S, Dh)
-            v = torch.stack([kv[1] for kv in kvs], dim=1)
-        n = ids.shape[1]
-        h = self.drop(self.embed(tokens) + self.pos[n]).unsqueeze(1)  # (B, 1, D)
+    def _refill(self, state: State, full: Tensor) -> State:
+        """Rows whose window is full (`full` (B,)) rebuilt from their last W - S inputs; the others kept."""
+        keep, redo = (~full).nonzero().squeeze(1), full.nonzero().squeeze(1)
+        ids = state[0][redo][:, self.stride - self.context :]  # (R, W - S): all real (the row is W long)
+        _, kvs = self.run(self.embed(ids), torch.zeros_like(ids, dtype=torch.bool))
+        k = torch.stack([kv[0] for kv in kvs], dim=1)  # (R, layers, heads, W - S, Dh)
+        v = torch.stack([kv[1] for kv in kvs], dim=1)
+        fresh = ids, k, v, torch.full_like(redo, self.context - self.stride)
+        merged = self.cat_states([self.select_state(state, keep), fresh])
+        return self.select_state(merged, torch.cat([keep, redo]).argsort())  # back in the rows' order
+
+    def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State]:
+        full = state[3] == self.context  # window full: rebuild the cache from the last W - S inputs
+        ids, k, v, pos = self._refill(state, full) if bool(full.any()) else state
+        B, S = ids.shape
+        h = self.drop(self.embed(tokens) + self.pos[pos]).unsqueeze(1)  # (B, 1, D)
+        real = ids >= 0  # (B, S)
+        mask = None if bool(real.all()) else torch.cat([real, real.new_ones(B, 1)], 1).view(B, 1, 1, S + 1)
         ks, vs = [], []
         for i, block in enumerate(self.blocks):
-            h, (ki, vi) = block(h, None, (k[:, i], v[:, i]))
+            h, (ki, vi) = block(h, mask, (k[:, i], v[:, i]))
             ks.append(ki)
             vs.append(vi)
         logp = F.log_softmax(self.logits(self.norm(h[:, 0])).float(), dim=-1)  # (B, V)
-        ids = torch.cat([ids, tokens.view(-1, 1)], dim=1)  # (B, n + 1)
-        return logp, (ids, torch.stack(ks, dim=1), torch.stack(vs, dim=1))
+        ids = torch.cat([ids, tokens.view(-1, 1)], dim=1)  # (B, S + 1)
+        return logp, (ids, torch.stack(ks, dim=1), torch.stack(vs, dim=1), pos + 1)
 
 
 def _init(m: nn.Module) -> None:

@@ -1,0 +1,291 @@
+"""The protocol's invariants, for every registered family: a family gets all of these by being registered
+(with a tiny configuration in VARIANTS; a test fails for a family that has none).
+
+Each variant is trained for one short epoch on a tiny corpus this file writes, through `seqlm train`, then:
+`score` equals step-by-step `step` and every `step` distribution sums to one (NCE and sparse-code variants
+included: normalised exactly at evaluation); sentence scores do not depend on how sentences are batched or
+ordered; stream scores do not depend on the chunk length (for a model that streams); save/load gives the
+same scores; `eval` equals the summed `score`; `generate` with a seed is reproducible; beam search runs and
+its best hypothesis scores what rescoring its text gives; lattice expansion (a small SLF lattice this file
+writes, whose paths reach nodes with histories of different lengths) gives every path the score of its
+sentence scored alone. A model that peeks at the scored text (dae) is refused where a text is scored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tests.conftest import WORDS, write_corpus
+
+import seqlm
+from seqlm.cli import main
+from seqlm.data.corpus import encode_file, encode_sentences
+from seqlm.eval.generate import beam_search, sample
+from seqlm.eval.perplexity import LOG10, can_stream, score_tokens
+from seqlm.lattice import WordMap, expand, read_lattices, words_of
+from seqlm.lattice.expand import NOT_PREDICTED
+from seqlm.nn.sparse_code import CodeBook
+from seqlm.registry import FAMILIES
+
+COMMON = ["--threads", "1", "--max-epochs", "1"]
+TRANSFORMER = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32"]
+DAE = [*TRANSFORMER, "--context", "32", "--k", "1", "--bits", "4", "--filter-size", "16", "--latent-d-model", "16",
+       "--pretrain-steps", "2", "--batch-size", "4", "--seq-len", "32"]
+CODES = "CODES"  # replaced by the path of a codes file the fixture writes
+VARIANTS: dict[str, tuple[str, list[str]]] = {  # name: (family, `seqlm train` options)
+    "kn": ("kn", ["--order", "3"]),
+    "fnn": ("fnn", ["--order", "3", "--embed", "8", "--hidden", "16", "--layers", "1", "--batch-size", "4",
+                    "--seq-len", "16"]),
+    "fnn-codes": ("fnn", ["--order", "3", "--embed", "8", "--hidden", "16", "--layers", "1", "--batch-size", "4",
+                          "--seq-len", "16", "--codes", CODES]),
+    "fofe": ("fofe", ["--embed", "8", "--hidden", "16", "--layers", "1", "--batch-size", "4", "--seq-len", "16"]),
+    "rnn": ("rnn", ["--hidden", "16", "--batch-size", "4", "--seq-len", "8"]),
+    "transformer": ("transformer", [*TRANSFORMER, "--context", "6", "--batch-size", "4", "--seq-len", "12"]),
+    "afp": ("afp", ["--iterations", "2", "--hidden", "16", "--batch-size", "4", "--seq-len", "8"]),
+    "lstm": ("lstm", ["--hidden", "16", "--layers", "2", "--batch-size", "4", "--seq-len", "8"]),
+    "lstm-nce": ("lstm", ["--hidden", "16", "--layers", "1", "--objective", "nce", "--noise-samples", "4",
+                          "--batch-size", "4", "--seq-len", "8"]),
+    "dae": ("dae", [*DAE, "--peek", "false"]),  # the equal-capacity baseline: an ordinary LM
+    "dae-peek": ("dae", DAE),  # p(s | c(s)) with c(s) from s itself: no step-by-step scoring of a text
+    "mix": ("mix", ["lstm", "transformer", "kn"]),  # `seqlm interpolate` of these variants
+}
+PEEKS = {"dae-peek"}
+
+
+def test_every_registered_family_has_a_tiny_variant():
+    assert set(FAMILIES) <= {fam for fam, _ in VARIANTS.values()}
+
+
+# -- the corpus, the lattice and the models --------------------------------------------------------------------
+def _codes(path: Path) -> Path:
+    """A sparse codes file: four base words, three others as non-negative mixes of them, the rest uncoded."""
+    base = ["the", "cat", "dog", "sat"]
+    codes = {w: [(i, 1.0)] for i, w in enumerate(base)}
+    codes |= {"ran": [(0, 0.3), (2, 0.7)], "fast": [(1, 1.0), (3, 0.2)], "red": [(2, 0.5)]}
+    CodeBook(base, codes).write(path)
+    return path
+
+
+def _lattice(path: Path, length: int = 8, seed: int = 0) -> Path:
+    """SLF: a chain of `length` words with a skip arc over every pair, so nodes are reached by histories of
+    different lengths (and paths longer than the tiny Transformer's context); 34 paths."""
+    rng = random.Random(seed)
+    n_nodes = length + 3  # 0 -(!NULL)-> 1 -> ... -> length+1 -(</s>)-> length+2
+    arcs = [(0, 1, "!NULL")]
+    arcs += [(i, i + 1, rng.choice(WORDS)) for i in range(1, length + 1)]
+    arcs += [(i, i + 2, rng.choice(WORDS)) for i in range(1, length)]
+    arcs += [(length + 1, length + 2, "</s>")]
+    lines = ["VERSION=1.0", "UTTERANCE=conformance", "lmscale=10.0 wdpenalty=0.0", f"N={n_nodes} L={len(arcs)}"]
+    lines += [f"I={i} t={i / 10:.2f}" for i in range(n_nodes)]
+    lines += [f"J={j} S={s} E={e} W={w} a={-rng.uniform(1, 50):.2f} l=0.00" for j, (s, e, w) in enumerate(arcs)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+class Zoo:
+    """The corpus, and each variant trained the first time a test asks for it (so `-k` runs only what it needs)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.corpus = write_corpus(root / "corpus", n_train=60, n_eval=8)
+        self.text = self.corpus / "test.txt"
+        self.codes = _codes(root / "codes.txt")
+        self.lattice = _lattice(root / "lattice.slf")
+        self.dirs: dict[str, Path] = {}
+
+    def dir(self, name: str) -> Path:
+        if name not in self.dirs:
+            fam, opts = VARIANTS[name]
+            out = self.root / name
+            if fam == "mix":
+                parts = [str(self.dir(v)) for v in opts]
+                weights = ",".join(["0.4", "0.3", "0.3"][: len(parts)])
+                assert main(["interpolate", *parts, "--out", str(out), "--weights", weights]) == 0
+            else:
+                opts = [str(self.codes) if o == CODES else o for o in opts]
+                assert main(["train", "--model", fam, "--data", str(self.corpus), "--out", str(out),
+                             *(COMMON if fam != "kn" else []), *opts]) == 0
+            self.dirs[name] = out
+        return self.dirs[name]
+
+    def model(self, name: str):
+        return seqlm.load(self.dir(name))
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> Zoo:
+    return Zoo(tmp_path_factory.mktemp("conformance"))
+
+
+def _sentences(zoo: Zoo) -> list[list[str]]:
+    return [line.split() for line in zoo.text.read_text().splitlines() if line.split()]
+
+
+def _totals(model, sentences: list[list[str]], **kw) -> np.ndarray:
+    return score_tokens(model, encode_sentences(sentences, model.vocab), **kw).sentence_totals()
+
+
+def _json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+ALL = list(VARIANTS)
+ORDINARY = [n for n in VARIANTS if n not in PEEKS]  # the ones whose score of a text is p(text)
+
+
+# -- the invariants -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ORDINARY)
+def test_score_equals_step_by_step_and_steps_are_normalised(zoo, name):
+    model = zoo.model(name)
+    stream = encode_file(zoo.text, model.vocab)
+    whole = score_tokens(model, stream).logp
+    stepped = []
+    with torch.no_grad():
+        for i in range(stream.num_sentences):
+            state, tok = model.initial_state(1), torch.tensor([model.vocab.bos_id])
+            for t in stream.sentence(i).tolist():
+                logp, state = model.step(tok, state)  # (1, V)
+                assert float(torch.logsumexp(logp.double(), dim=-1)) == pytest.approx(0.0, abs=1e-5)
+                stepped.append(float(logp[0, t]))
+                tok = torch.tensor([t])
+    np.testing.assert_allclose(whole, stepped, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_sentence_scores_do_not_depend_on_batching_or_order(zoo, name):
+    model = zoo.model(name)
+    sents = _sentences(zoo)
+    together = _totals(model, sents, max_tokens=4096)
+    one_by_one = _totals(model, sents, max_tokens=1)
+    order = list(reversed(range(len(sents))))
+    shuffled = _totals(model, [sents[i] for i in order], max_tokens=16)
+    np.testing.assert_allclose(one_by_one, together, atol=1e-5)
+    np.testing.assert_allclose(shuffled, together[order], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_stream_scores_do_not_depend_on_the_chunk_length(zoo, name, capsys):
+    model = zoo.model(name)
+    stream = encode_file(zoo.text, model.vocab)
+    if not can_stream(model):  # it declares so: `eval --stream` says it scores sentence by sentence
+        assert main(["eval", str(zoo.dir(name)), "--text", str(zoo.text), "--stream"]) == 0
+        assert _json(capsys)["mode"] == "sentence"
+        return
+    ref = score_tokens(model, stream, stream_mode=True, max_tokens=4096).logp
+    for chunk in (1, 3, 7):
+        np.testing.assert_allclose(score_tokens(model, stream, stream_mode=True, max_tokens=chunk).logp, ref,
+                                   atol=1e-5, err_msg=f"chunks of {chunk}")
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_save_and_load_give_identical_scores(zoo, name, tmp_path):
+    model = zoo.model(name)
+    seqlm.save(model, tmp_path / "copy")
+    again = seqlm.load(tmp_path / "copy")
+    sents = _sentences(zoo)
+    assert _totals(again, sents).tolist() == _totals(model, sents).tolist()
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_eval_equals_the_summed_score(zoo, name, capsys):
+    d, text = str(zoo.dir(name)), str(zoo.text)
+    assert main(["eval", d, "--text", text]) == 0
+    log10prob = _json(capsys)["log10prob"]
+    assert main(["score", d, "--text", text]) == 0
+    per_sentence = [float(x) for x in capsys.readouterr().out.split()]
+    assert len(per_sentence) == len(_sentences(zoo))
+    assert sum(per_sentence) == pytest.approx(log10prob, abs=1e-6 * len(per_sentence) + 1e-9)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_generate_with_a_seed_is_reproducible_and_beam_search_runs(zoo, name, capsys):
+    d = str(zoo.dir(name))
+    capsys.readouterr()
+    runs = []
+    for _ in range(2):
+        assert main(["generate", d, "--num", "3", "--seed", "7", "--max-len", "12"]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1] and len(runs[0].splitlines()) == 3
+    assert main(["generate", d, "--beam", "3", "--num", "3", "--max-len", "15"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    if name not in PEEKS:
+        model = zoo.model(name)
+        assert sample(model, 4, seed=3, max_len=12) == sample(model, 4, seed=3, max_len=12)
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_beam_search_best_scores_what_rescoring_gives(zoo, name, capsys):
+    model = zoo.model(name)
+    hyps = beam_search(model, 3, max_len=15)
+    assert len(hyps) == 3 and all(a.logp >= b.logp for a, b in zip(hyps, hyps[1:], strict=False))
+    finished = [h for h in hyps if len(h.ids) < 15]  # `</s>` was scored
+    assert finished, "no hypothesis ended within 15 tokens"
+    np.testing.assert_allclose([h.logp for h in finished],
+                               _totals(model, [model.vocab.decode(h.ids) for h in finished]), atol=1e-4)
+    words = [h for h in finished if h.ids]  # and the best sentence with words, through `seqlm score`
+    if words:
+        text = zoo.root / f"beam-{name}.txt"
+        text.write_text(" ".join(model.vocab.decode(words[0].ids)) + "\n", encoding="utf-8")
+        capsys.readouterr()
+        assert main(["score", str(zoo.dir(name)), "--text", str(text)]) == 0
+        assert float(capsys.readouterr().out) == pytest.approx(words[0].logp / LOG10, abs=1e-4)
+
+
+def _path_scores(lat) -> tuple[list[list[str]], np.ndarray]:
+    paths = list(lat.paths())
+    sents = [[w for w in words_of(p) if w not in NOT_PREDICTED] for p in paths]
+    return sents, np.array([sum(a.lm for a in p) for p in paths])
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_lattice_expansion_gives_every_path_its_own_score(zoo, name, tmp_path):
+    """No merging (order above every path's length): each path's LM score is its sentence scored alone."""
+    model = zoo.model(name)
+    lat = read_lattices(zoo.lattice)[1][0]
+    n_paths = sum(1 for _ in lat.paths())
+    exp = expand(lat, model, WordMap(model.vocab), order=50)
+    sents, got = _path_scores(exp.lattice)
+    assert len(sents) == n_paths == 34
+    np.testing.assert_allclose(got, _totals(model, sents), atol=1e-4)
+    merged = expand(lat, model, WordMap(model.vocab), merge_order=2)  # the default expansion, histories merged
+    sents, got = _path_scores(merged.lattice)
+    assert len(sents) == n_paths and np.isfinite(got).all()
+    if getattr(model, "context_order", None):  # finite context: its own order is exact already
+        assert merged.exact
+        np.testing.assert_allclose(got, _totals(model, sents), atol=1e-4)
+    # and through the command line, the expanded lattice written back
+    assert main(["rescore", str(zoo.dir(name)), "--lattice", str(zoo.lattice), "--order", "50",
+                 "--out", str(tmp_path / "out"), "--best", str(tmp_path / "best.txt")]) == 0
+    sents, got = _path_scores(read_lattices(tmp_path / "out" / zoo.lattice.name)[1][0])
+    np.testing.assert_allclose(got, _totals(model, sents), atol=1e-3)
+
+
+# -- a model that peeks at the text it scores ------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(PEEKS))
+def test_peeking_model_is_refused_where_text_is_scored_unless_asked(zoo, name, capsys, tmp_path):
+    d, text = str(zoo.dir(name)), str(zoo.text)
+    nbest = tmp_path / "n.tsv"
+    nbest.write_text("u-1\t-1.0\t-2.0\tthe cat\nu-2\t-1.5\t-2.0\tthe dog\n", encoding="utf-8")
+    refusals = [["eval", d, "--text", text], ["score", d, "--text", text], ["rescore", d, "--tsv", str(nbest)],
+                ["rescore", d, "--lattice", str(zoo.lattice)],
+                ["interpolate", d, str(zoo.dir("kn")), "--out", str(tmp_path / "mix"), "--valid", text]]
+    for argv in refusals:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--allow-peek" in err and "c(s)" in err, (argv, err)
+    assert not (tmp_path / "mix").exists()
+    assert main(["eval", d, "--text", text, "--allow-peek"]) == 0
+    r = _json(capsys)
+    assert "p(s|c(s))" in r["peeks"] and math.isfinite(r["ppl"])
+    # a mixture holding it peeks as well
+    assert main(["interpolate", d, str(zoo.dir("kn")), "--out", str(tmp_path / "mix"), "--weights", "0.5,0.5",
+                 "--allow-peek"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "mix"), "--text", text]) == 2
