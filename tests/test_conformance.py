@@ -261,7 +261,7 @@ def test_lattice_expansion_gives_every_path_its_own_score(zoo, name, tmp_path):
         np.testing.assert_allclose(got, _totals(model, sents), atol=1e-4)
     # and through the command line, the expanded lattice written back
     assert main(["rescore", str(zoo.dir(name)), "--lattice", str(zoo.lattice), "--order", "50",
-                 "--out", str(tmp_path / "out"), "--best", str(tmp_path / "best.txt")]) == 0
+                 "--lattice-out", str(tmp_path / "out"), "--best", str(tmp_path / "best.txt")]) == 0
     sents, got = _path_scores(read_lattices(tmp_path / "out" / zoo.lattice.name)[1][0])
     np.testing.assert_allclose(got, _totals(model, sents), atol=1e-3)
 
