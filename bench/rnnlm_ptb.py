@@ -4,11 +4,13 @@
     python bench/rnnlm_ptb.py --rows rnn+kn5,rnn-x4        # combinations of finished rows
     python bench/rnnlm_ptb.py --rows bptt-cost-h200,bptt-cost-h400 --threads 1   # BPTT(tau) cost A/B
 
-Rows train into bench/checkpoints/rnnlm_ptb/ROW/ and resume from their last epoch checkpoint when run
-again; each invocation merges its rows into bench/results/rnnlm_ptb.json ("finished" says whether the
-schedule ran to its end). Every RNN row is evaluated both ways: `test_ppl` sentence by sentence (the
-seqlm protocol, comparable with KN and FOFE) and `test_ppl_stream` with the state carried across
-sentences (the rnnlm toolkit's default and the setting of the paper's figures).
+Rows train into bench/checkpoints/rnnlm_ptb/ROW/ (rows named `-ref`, with the rollback of the shared
+schedule, into ~/.cache/seqlm/bench-checkpoints/rnnlm_ptb/ROW/ or $SEQLM_BENCH_CHECKPOINTS, outside the
+work tree) and resume from their last epoch checkpoint when run again; each invocation merges its rows
+into bench/results/rnnlm_ptb.json ("finished" says whether the schedule ran to its end). Every RNN row
+is evaluated both ways: `test_ppl` sentence by sentence (the seqlm protocol, comparable with KN and
+FOFE) and `test_ppl_stream` with the state carried across sentences (the rnnlm toolkit's default and
+the setting of the paper's figures).
 
 BPTT: rows record `bptt_method`. "per-position" (seqlm.models.rnn since commit 5823701): every
 position's error flows back through tau steps, across chunk edges too. Rows named `...-tau-chunked`
@@ -21,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -61,6 +65,12 @@ RNN_ROWS = {
     "rnn-bptt-s3": ["--tau", "5", "--seed", "3", *DROP],
     "rnn-bptt-s4": ["--tau", "5", "--seed", "4", *DROP],
 }
+# `-ref`: the same rows with --rollback (an epoch after which validation stalls is undone and run again at
+# the halved rate; rnnlm restores the previous weights when validation gets worse: docs/training.md)
+RNN_ROWS["rnn-bptt-ref"] = [*RNN_ROWS["rnn-bptt"], "--rollback", "true"]
+RNN_ROWS["rnn-bptt-h400-long-ref"] = [*RNN_ROWS["rnn-bptt-h400-long"], "--rollback", "true"]
+REF_CHECKPOINTS = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS",
+                                      Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 # rnn-x4 combines the four differently configured RNNs of this table (the paper combines RNNs that
 # differ in size and training); the -s2..-s4 seed rows are an alternative set of members.
 MIXTURES = {"rnn+kn5": ["rnn-bptt", "kn5"], "rnn400+kn5": ["rnn-bptt-h400", "kn5"],
@@ -73,6 +83,11 @@ ALL_RNNS = ["rnn-bptt", "rnn-bptt-h400", "rnn-bptt-h400-long", "rnn-bptt-nodropo
 MIXTURES.update({"rnn-all": ALL_RNNS, "rnn-all+kn5": [*ALL_RNNS, "kn5"]})
 # -sw: the same mixtures with EM weights fitted in stream mode (run with --stream-weights)
 MIXTURES.update({"rnn400long+kn5-sw": MIXTURES["rnn400long+kn5"], "rnn-all+kn5-sw": MIXTURES["rnn-all+kn5"]})
+MIXTURES.update({"rnn-ref+kn5": ["rnn-bptt-ref", "kn5"], "rnn400long-ref+kn5": ["rnn-bptt-h400-long-ref", "kn5"]})
+
+
+def checkpoint_dir(name: str) -> Path:
+    return (REF_CHECKPOINTS if "-ref" in name else CHECKPOINTS) / "rnnlm_ptb" / name
 
 
 def _eval_words_per_s(model, stream) -> float:
@@ -82,7 +97,7 @@ def _eval_words_per_s(model, stream) -> float:
 
 
 def run_rnn(name: str, args: argparse.Namespace) -> dict:
-    out = CHECKPOINTS / "rnnlm_ptb" / name
+    out = checkpoint_dir(name)
     resumed = run_status(out)["started"]
     opts = RNN_ROWS[name] + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
     result = train_from_cli("rnn", str(ptb_dir()), str(out), None, opts, resume=resumed,
@@ -110,6 +125,8 @@ def run_rnn(name: str, args: argparse.Namespace) -> dict:
                             "wall_time_with_evals_ratio": (hist[-1]["wall_seconds"] if hist else 0.0)
                             / FASTER_RNNLM["train_seconds"]},
         "threads": args.threads, "resumed": resumed, "bptt_method": BPTT_METHOD,
+        **({"checkpoints": str(out), "rolled_back_epochs": [h["epoch"] for h in status["history"]
+                                                            if h.get("rolled_back")]} if "-ref" in name else {}),
     }
 
 
@@ -121,8 +138,8 @@ def run_kn5() -> str:
 
 
 def run_mixture(name: str, args: argparse.Namespace) -> dict:
-    members = [run_kn5() if m == "kn5" else str(CHECKPOINTS / "rnnlm_ptb" / m) for m in MIXTURES[name]]
-    out = CHECKPOINTS / "rnnlm_ptb" / name
+    members = [run_kn5() if m == "kn5" else str(checkpoint_dir(m)) for m in MIXTURES[name]]
+    out = checkpoint_dir(name)
     if not (out / "config.json").exists():
         code = seqlm_main(["interpolate", *members, "--valid", str(ptb_dir() / "valid.txt"), "--out", str(out),
                            *(["--stream"] if args.stream_weights else [])])
@@ -136,8 +153,7 @@ def run_mixture(name: str, args: argparse.Namespace) -> dict:
             "valid_ppl": evaluate(mix, valid)["ppl"], "test_ppl": evaluate(mix, test)["ppl"],
             "valid_ppl_stream": evaluate(mix, valid, stream_mode=True)["ppl"],
             "test_ppl_stream": evaluate(mix, test, stream_mode=True)["ppl"],
-            "members_finished": [run_status(CHECKPOINTS / "rnnlm_ptb" / m)["done"] for m in MIXTURES[name]
-                                 if m != "kn5"]}
+            "members_finished": [run_status(checkpoint_dir(m))["done"] for m in MIXTURES[name] if m != "kn5"]}
 
 
 def class_speedup(rows: dict) -> dict | None:

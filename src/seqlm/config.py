@@ -41,6 +41,7 @@ class TrainConfig:
     max_epochs: int = 40  # stop after this many epochs even if the schedule has not ended
     min_improvement: float = 1.0  # newbob: keep the rate while valid ppl drops by at least this much ...
     halving_epochs: int = 6  # newbob: ... then halve it every epoch for this many more epochs, then stop
+    rollback: bool = False  # newbob: undo that first stalled epoch (weights, optimizer, RNG) and rerun it halved
     clip: float = 0.0  # max gradient norm; 0 = off
     seed: int = 1  # initial weights, data order and dropout masks depend on it alone
     precision: str = "fp32"  # fp32 | bf16 (autocast; float32 master weights and loss)
@@ -59,6 +60,9 @@ class TrainConfig:
         _choice("precision", self.precision, ("fp32", "bf16"))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _positive(self, "lr", "batch_size", "seq_len", "max_epochs", "eval_tokens", "eps")
+        if self.rollback and self.schedule != "newbob":
+            raise SeqlmError(f"--rollback needs --schedule newbob (an epoch is undone when validation stalls), "
+                             f"got --schedule {self.schedule}")
         _non_negative(self, "momentum", "weight_decay", "clip", "threads", "max_minutes", "halving_epochs",
                       "max_nan_retries", "seed", "warmup_steps", "min_lr")
         for name in ("beta1", "beta2"):

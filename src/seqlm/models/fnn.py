@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from seqlm.config import TrainConfig, dropout_rate, positive
+from seqlm.config import TrainConfig, choice, dropout_rate, positive
 from seqlm.data.batching import history
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
@@ -27,6 +27,22 @@ def fofe_paper_training() -> TrainConfig:
     return TrainConfig(optimizer="sgd", lr=0.4, batch_size=1, seq_len=200, min_improvement=1.0, halving_epochs=6)
 
 
+INITS = ("xavier", "incml")
+
+
+def incml_init(embedding: nn.Module, head: MLPHead, vocab_layers: VocabLayerConfig) -> None:
+    """The initialisation of the FOFE authors' trainer (iNCML-DNNLM, source/layer.cpp): every layer's
+    weights and biases uniform in +-sqrt(6 / (fan_in + fan_out)), the embedding in +-sqrt(6 / (embed + V))."""
+    if vocab_layers.objective != "softmax" or vocab_layers.codes or not isinstance(embedding, nn.Embedding):
+        raise SeqlmError("--param-init incml needs the plain embedding and softmax (no --objective nce, no --codes)")
+    for lin in [*head.hidden, head.softmax.proj]:
+        bound = (6.0 / (lin.in_features + lin.out_features)) ** 0.5
+        nn.init.uniform_(lin.weight, -bound, bound)
+        nn.init.uniform_(lin.bias, -bound, bound)
+    V, E = embedding.weight.shape
+    nn.init.uniform_(embedding.weight, -(6.0 / (E + V)) ** 0.5, (6.0 / (E + V)) ** 0.5)
+
+
 @dataclass
 class FNNConfig:
     order: int = 3  # n: predicts from the previous n-1 words
@@ -34,12 +50,14 @@ class FNNConfig:
     hidden: int = 400  # units per ReLU hidden layer
     layers: int = 2  # ReLU hidden layers before the softmax
     dropout: float = 0.0  # on the input and every hidden layer; 0 = the paper's model
+    param_init: str = "xavier"  # xavier: Glorot weights, zero biases | incml: the FOFE authors' code (incml_init)
     vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)  # NCE, sparse codes
     train: TrainConfig = field(default_factory=fofe_paper_training)
 
     def __post_init__(self) -> None:
         positive(self, "embed", "hidden", "layers")
         dropout_rate(self.dropout)
+        choice("param_init", self.param_init, INITS)
         if not 2 <= self.order <= 20:
             raise SeqlmError(f"--order must be between 2 and 20 for fnn, got {self.order}")
 
@@ -81,7 +99,7 @@ class MLPHead(nn.Module):
 
 class FNNLM(nn.Module):
     def __init__(self, vocab: Vocab, order: int, embed: int, hidden: int, layers: int, dropout: float = 0.0,
-                 vocab_layers: VocabLayerConfig | None = None):
+                 vocab_layers: VocabLayerConfig | None = None, param_init: str = "xavier"):
         super().__init__()
         self.vocab = vocab
         self.order = order
@@ -92,6 +110,8 @@ class FNNLM(nn.Module):
             nn.init.xavier_uniform_(self.embedding.weight)
         self.head = MLPHead((order - 1) * embed, hidden, layers, len(vocab), dropout,
                             lambda h: build_output(vl, vocab, h, self.embedding))
+        if param_init == "incml":
+            incml_init(self.embedding, self.head, vl)
 
     def _context(self, ids: Tensor) -> Tensor:
         ids = torch.where(ids < 0, torch.full_like(ids, self.vocab.bos_id), ids)  # before the start: <s>
@@ -117,4 +137,4 @@ class FNNLM(nn.Module):
 
 def build_fnn(cfg: FNNConfig, vocab: Vocab) -> FNNLM:
     return FNNLM(vocab, order=cfg.order, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout,
-                 vocab_layers=cfg.vocab_layers)
+                 vocab_layers=cfg.vocab_layers, param_init=cfg.param_init)

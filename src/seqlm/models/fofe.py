@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from seqlm.config import TrainConfig, dropout_rate, positive
+from seqlm.config import TrainConfig, choice, dropout_rate, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.fofe import fofe_codes
-from seqlm.models.fnn import MLPHead, fofe_paper_training
+from seqlm.models.fnn import INITS, MLPHead, fofe_paper_training, incml_init
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
 from seqlm.protocol import Batch
 
@@ -32,35 +32,55 @@ class FOFEConfig:
     hidden: int = 400  # units per ReLU hidden layer
     layers: int = 2  # ReLU hidden layers before the softmax
     dropout: float = 0.0  # on the input and every hidden layer; 0 = the paper's model
+    param_init: str = "xavier"  # xavier: Glorot weights, zero biases | incml: the FOFE authors' (fnn.incml_init)
+    start_pad: str = "zero"  # codes z_{t-k} from before the sentence start: zero | bos: as padded with <s> (iNCML)
     vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)  # NCE, sparse codes
     train: TrainConfig = field(default_factory=fofe_paper_training)
 
     def __post_init__(self) -> None:
         positive(self, "order", "embed", "hidden", "layers")
         dropout_rate(self.dropout)
+        choice("param_init", self.param_init, INITS)
+        choice("start_pad", self.start_pad, ("zero", "bos"))
         if not 0.0 <= self.alpha <= 1.0:
             raise SeqlmError(f"--alpha must be in [0, 1], got {self.alpha}")
 
 
 class FOFELM(nn.Module):
     def __init__(self, vocab: Vocab, order: int, alpha: float, embed: int, hidden: int, layers: int,
-                 dropout: float = 0.0, vocab_layers: VocabLayerConfig | None = None):
+                 dropout: float = 0.0, vocab_layers: VocabLayerConfig | None = None, param_init: str = "xavier",
+                 start_pad: str = "zero"):
         super().__init__()
-        self.vocab, self.order, self.alpha = vocab, order, alpha
+        self.vocab, self.order, self.alpha, self.start_pad = vocab, order, alpha, start_pad
         vl = vocab_layers or VocabLayerConfig()
         self.embedding = build_embedding(vl, vocab, embed)
         if isinstance(self.embedding, nn.Embedding):
             nn.init.xavier_uniform_(self.embedding.weight)
         self.head = MLPHead(order * embed, hidden, layers, len(vocab), dropout,
                             lambda h: build_output(vl, vocab, h, self.embedding))
+        if param_init == "incml":
+            incml_init(self.embedding, self.head, vl)
 
     def _features(self, z: Tensor, resets: Tensor) -> Tensor:
-        """[z_t; z_{t-1}; ...] with codes from before the sentence start set to zero."""
+        """[z_t; z_{t-1}; ...] with codes from before the sentence start set to zero.
+
+        start_pad "bos": the FOFE authors' code (iNCML-DNNLM, batch-constructor.cpp) encodes the k-th
+        code from a copy of the sentence padded with k <s>, so z_{t-k+1} gains sum_{j=0}^{min(k-2, t)}
+        alpha^(t-j) e(<s>), t being the position in the sentence.
+        """
         feats, prev, cut = [z], z, resets
-        for _ in range(self.order - 1):
+        if self.start_pad == "bos":
+            t = _in_sentence(resets).to(z.dtype)  # (B, T)
+            bos = self.embedding(resets.new_full((), self.vocab.bos_id, dtype=torch.long))  # (E,)
+            pad = torch.zeros_like(t)  # (B, T) weight of e(<s>) in the k-th code
+        for k in range(2, self.order + 1):
             prev = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)  # (B, T, E) shifted by one
             prev = prev.masked_fill(cut.unsqueeze(-1), 0.0)
-            feats.append(prev)
+            if self.start_pad == "bos":
+                pad = pad + torch.where(t >= k - 2, self.alpha ** (t - (k - 2)).clamp(min=0), 0.0)
+                feats.append(prev + pad.unsqueeze(-1) * bos)  # (B, T, E)
+            else:
+                feats.append(prev)
             cut = cut | torch.cat([torch.zeros_like(cut[:, :1]), cut[:, :-1]], dim=1)  # reach one more back
         return torch.cat(feats, dim=-1)  # (B, T, order*E)
 
@@ -76,14 +96,35 @@ class FOFELM(nn.Module):
         return self(batch)[0]
 
     def initial_state(self, batch_size: int) -> Tensor:
-        return next(self.parameters()).new_zeros(batch_size, self.order, self.embedding.embedding_dim)
+        """(B, order, E) codes, newest first; start_pad "bos" adds a last slot: the alpha^t e(<s>) the
+        next step adds to the older codes."""
+        state = next(self.parameters()).new_zeros(batch_size, self.order, self.embedding.embedding_dim)
+        if self.start_pad == "bos":
+            bos = self.embedding(torch.full((batch_size, 1), self.vocab.bos_id, device=state.device))  # (B, 1, E)
+            state = torch.cat([state, bos], dim=1)  # (B, order+1, E)
+        return state
 
     def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        z = self.alpha * state[:, 0] + self.embedding(tokens)  # (B, E) the recursion, one step
-        state = torch.cat([z.unsqueeze(1), state[:, :-1]], dim=1)  # (B, order, E) newest first
-        return self.head.log_probs(state.flatten(1)), state
+        codes = state[:, : self.order]  # (B, order, E)
+        z = self.alpha * codes[:, 0] + self.embedding(tokens)  # (B, E) the recursion, one step
+        older = codes[:, :-1]  # (B, order-1, E)
+        if self.start_pad == "bos":
+            older = older + state[:, -1:]  # the k-th code is the (k-1)-th one step back, plus alpha^t e(<s>)
+        codes = torch.cat([z.unsqueeze(1), older], dim=1)  # (B, order, E) newest first
+        if self.start_pad == "bos":
+            state = torch.cat([codes, self.alpha * state[:, -1:]], dim=1)
+        else:
+            state = codes
+        return self.head.log_probs(codes.flatten(1)), state
+
+
+def _in_sentence(resets: Tensor) -> Tensor:
+    """(B, T) each position's distance from the start of its sentence (or of its row)."""
+    pos = torch.arange(resets.shape[1], device=resets.device).expand_as(resets)  # (B, T)
+    return pos - torch.where(resets, pos, torch.zeros_like(pos)).cummax(dim=1).values
 
 
 def build_fofe(cfg: FOFEConfig, vocab: Vocab) -> FOFELM:
     return FOFELM(vocab, order=cfg.order, alpha=cfg.alpha, embed=cfg.embed, hidden=cfg.hidden, layers=cfg.layers,
-                  dropout=cfg.dropout, vocab_layers=cfg.vocab_layers)
+                  dropout=cfg.dropout, vocab_layers=cfg.vocab_layers, param_init=cfg.param_init,
+                  start_pad=cfg.start_pad)

@@ -4,7 +4,9 @@ What differs between families is passed in: `batches` (how the training text is 
 TBPTT streams) and `step` (what one batch does: seqlm.train.steps). Everything else is here, once:
 optimiser and learning-rate schedule (seqlm.train.optim), clipping, bf16 autocast, progress bar,
 metrics.jsonl, checkpoints and --resume (seqlm.train.resume), the time limit, SIGINT/SIGTERM, and
-recovery from a non-finite loss.
+recovery from a non-finite loss, and --rollback (an epoch after which validation stalls is undone:
+weights, optimizer state, position and random state go back to its start, and it runs again at the
+halved rate).
 
 An epoch ends complete, or cut short by --max-minutes or a signal. A cut-short epoch is recorded as
 partial (a metrics row with "partial": true, no schedule decision) and its position is saved, so
@@ -40,7 +42,19 @@ from seqlm.nn.softmax import layer_stats
 from seqlm.protocol import Batch
 from seqlm.train import distributed as dist
 from seqlm.train.optim import build_optimizer, build_schedule, set_lr
-from seqlm.train.resume import RESUME, Position, load_resume, rng_states, run_status, save_resume
+from seqlm.train.resume import (
+    EPOCH_START,
+    RESUME,
+    Position,
+    Snapshot,
+    load_resume,
+    read_snapshot,
+    restore_snapshot,
+    rng_states,
+    run_status,
+    save_resume,
+    take_snapshot,
+)
 from seqlm.train.schedule import Schedule
 from seqlm.train.steps import StepFn
 
@@ -172,6 +186,7 @@ def _epochs(run: Run, resume: bool, session_minutes: float) -> list[dict]:
     deadline = now + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
     session_end = now + session_minutes * 60 if session_minutes else math.inf
     first = True  # every invocation trains at least one batch, however small its time limit
+    start: Snapshot | None = None  # --rollback: the state the epoch in progress started from
     while pos.epoch <= cfg.max_epochs and not sched.done:
         late, stop = ctx.agree(not first and time.time() >= min(deadline, session_end), run.signals.requested != 0)
         first = False
@@ -180,11 +195,15 @@ def _epochs(run: Run, resume: bool, session_minutes: float) -> list[dict]:
             _stop(run, pos, None)
         if late:
             break
+        if sched.may_roll_back:
+            start = _epoch_start(run, sched, pos, history)
         cut, total, rng = _epoch_with_retries(run, sched, pos, deadline)
         if cut == "signal":
             save_resume(run.out, run.model, run.opt, sched, pos, history, cfg, rng, ctx)
             _stop(run, pos, total)
         row = _end_epoch(run, sched, pos, cut == "end", total, t_start)
+        if sched.rerun:
+            rng = _roll_back(run, sched, pos, start, row) or rng
         history.append(row)
         if ctx.is_main:
             with open(run.out / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -192,6 +211,30 @@ def _epochs(run: Run, resume: bool, session_minutes: float) -> list[dict]:
         save_resume(run.out, run.model, run.opt, sched, pos, history, cfg, rng, ctx)
         ctx.barrier()
     return history
+
+
+def _epoch_start(run: Run, sched: Schedule, pos: Position, history: list[dict]) -> Snapshot | None:
+    """The state epoch `pos.epoch` starts from: taken now (and saved, for a run resumed inside the
+    epoch), or read back when this run resumes inside it."""
+    if pos.batch:
+        return read_snapshot(run.out, pos.epoch)
+    snap = take_snapshot(run.model, run.opt, pos)
+    save_resume(run.out, run.model, run.opt, sched, pos, history, run.cfg, snap.rng, run.ctx, EPOCH_START)
+    return snap
+
+
+def _roll_back(run: Run, sched: Schedule, pos: Position, start: Snapshot | None, row: dict) -> dict | None:
+    """Undo the epoch just validated (the schedule asked for it); return the random state to save."""
+    sched.rerun = False
+    if start is None or start.pos.epoch != pos.epoch - 1:
+        run.ctx.log(f"seqlm: --rollback: the state epoch {pos.epoch - 1} started from was not saved "
+                    "(rollback turned on inside it); the epoch is kept")
+        return None
+    restore_snapshot(start, run.model, run.opt, pos)
+    row["rolled_back"] = True
+    run.ctx.log(f"epoch {pos.epoch}: valid ppl improved by less than {run.cfg.min_improvement:g}: "
+                f"undone, run again at lr {sched.lr:g}")
+    return start.rng
 
 
 def _steps_per_epoch(run: Run) -> int:

@@ -29,7 +29,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 def build_schedule(cfg: TrainConfig, steps_per_epoch: int) -> Schedule:
     if cfg.schedule == "warmup-cosine":
         return WarmupCosine(cfg.lr, cfg.warmup_steps, cfg.min_lr, total_steps=cfg.max_epochs * steps_per_epoch)
-    return NewBob(cfg.lr, cfg.min_improvement, cfg.halving_epochs)
+    return NewBob(cfg.lr, cfg.min_improvement, cfg.halving_epochs, rollback=cfg.rollback)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

@@ -29,6 +29,8 @@ from seqlm.train.optim import reset_hyperparameters
 from seqlm.train.schedule import Schedule, load_schedule
 
 RESUME = "resume"  # sub-directory with the full training state
+STATE = "state.safetensors"  # the latest state: what --resume continues from
+EPOCH_START = "epoch_start.safetensors"  # --rollback: the state the epoch in progress started from
 FIXED = ("optimizer", "schedule", "batch_size", "seq_len")  # the saved state holds only for these values
 
 
@@ -67,9 +69,17 @@ def rng_states() -> dict[str, torch.Tensor]:
     return states
 
 
+def set_rng_states(rng: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(rng["rng.torch"])
+    cuda = [rng[k] for k in sorted((k for k in rng if k.startswith("rng.cuda.")), key=lambda k: int(k[9:]))]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
 def save_resume(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Schedule, pos: Position,
-                history: list[dict], cfg: TrainConfig, rng: dict[str, torch.Tensor], ctx: Any) -> None:
-    """Everything needed to continue exactly (rank 0 writes it)."""
+                history: list[dict], cfg: TrainConfig, rng: dict[str, torch.Tensor], ctx: Any,
+                name: str = STATE) -> None:
+    """Everything needed to continue exactly (rank 0 writes it), in RESUME/`name`."""
     if not ctx.is_main:
         return
     d = out / RESUME
@@ -86,12 +96,12 @@ def save_resume(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: 
     meta = {"epoch": pos.epoch - 1, "position": position, "schedule": sched.state(), "done": sched.done,
             "optimizer": opt_meta, "history": history, "train": asdict(cfg)}
     # One file, so the tensors and the bookkeeping can never come from different moments.
-    save_tensors(d / "state.safetensors", tensors, metadata={"seqlm": json.dumps(meta)})
+    save_tensors(d / name, tensors, metadata={"seqlm": json.dumps(meta)})
 
 
 def load_resume(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Schedule, cfg: TrainConfig,
                 log: Callable[[str], None]) -> tuple[Position, list[dict], Schedule]:
-    path = out / RESUME / "state.safetensors"
+    path = out / RESUME / STATE
     if not path.exists():
         raise SeqlmError(f"{out}: nothing to resume ({RESUME}/state.safetensors missing); train without --resume")
     meta = _meta(path)
@@ -106,17 +116,56 @@ def load_resume(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: 
     sched = load_schedule(meta["schedule"]) if meta.get("schedule") else sched
     if old_train:
         _apply_changes(old_train, cfg, sched, log)
-    torch.set_rng_state(tensors["rng.torch"])
-    cuda = [tensors[k] for k in sorted((k for k in tensors if k.startswith("rng.cuda.")), key=lambda k: int(k[9:]))]
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
-    return _position(meta, tensors, sched), list(meta["history"]), sched
+    set_rng_states(tensors)
+    return _position(meta, tensors, sched.best), list(meta["history"]), sched
 
 
-def _position(meta: dict, tensors: dict[str, torch.Tensor], sched: Schedule) -> Position:
+@dataclass
+class Snapshot:
+    """The state an epoch starts from, kept while the epoch may be undone (--rollback)."""
+
+    model: dict[str, torch.Tensor]
+    opt: dict
+    pos: Position
+    rng: dict[str, torch.Tensor]
+
+
+def take_snapshot(model: nn.Module, opt: torch.optim.Optimizer, pos: Position) -> Snapshot:
+    return Snapshot(copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), copy.deepcopy(pos),
+                    rng_states())
+
+
+def read_snapshot(out: Path, epoch: int) -> Snapshot | None:
+    """The start of `epoch` as saved in RESUME/EPOCH_START (a run resumed inside it); None if not saved."""
+    path = out / RESUME / EPOCH_START
+    if not path.exists():
+        return None
+    meta = _meta(path)
+    if meta["position"]["epoch"] != epoch or meta["position"]["batch"] != 0:
+        return None
+    tensors = load_tensors(path)
+    model = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    rng = {k: v for k, v in tensors.items() if k.startswith("rng.")}
+    return Snapshot(model, _unflatten_optimizer(tensors, meta["optimizer"]), _position(meta, tensors, math.inf), rng)
+
+
+def restore_snapshot(snap: Snapshot, model: nn.Module, opt: torch.optim.Optimizer, pos: Position) -> None:
+    """Weights, optimizer state, random state and position back to `snap`; the best model saved so far stays
+    saved, so `pos.best_saved` is kept."""
+    model.load_state_dict(snap.model)
+    fresh = copy.deepcopy(opt.state_dict()["param_groups"])
+    opt.load_state_dict(copy.deepcopy(snap.opt))
+    reset_hyperparameters(opt, fresh)
+    best = pos.best_saved
+    pos.__dict__.update(copy.deepcopy(snap.pos).__dict__)
+    pos.best_saved = best
+    set_rng_states(snap.rng)
+
+
+def _position(meta: dict, tensors: dict[str, torch.Tensor], best: float) -> Position:
     p = meta.get("position")
     if p is None:  # a state written before positions were saved: always at an epoch's end
-        return Position(epoch=int(meta["epoch"]) + 1, best_saved=sched.best)
+        return Position(epoch=int(meta["epoch"]) + 1, best_saved=best)
     carry: Any = None
     if p["carry"]:
         parts = [tensors[f"carry.{i}"] for i in range(p["carry"])]
@@ -139,7 +188,7 @@ def _apply_changes(old: dict, cfg: TrainConfig, sched: Schedule, log: Callable[[
     new = asdict(cfg)
     old = {k: old.get(k, v) for k, v in new.items()}
     changes = sched.retune(old, new)
-    skip = {"lr", "min_improvement", "halving_epochs", "warmup_steps", "min_lr"}
+    skip = {"lr", "min_improvement", "halving_epochs", "warmup_steps", "min_lr", "rollback"}
     changes += [f"{k} {old[k]} -> {new[k]}" for k in new if k not in skip and old[k] != new[k]]
     if changes:
         log("seqlm: --resume with changed settings: " + ", ".join(changes))
@@ -148,7 +197,7 @@ def _apply_changes(old: dict, cfg: TrainConfig, sched: Schedule, log: Callable[[
 def run_status(out: Path) -> dict:
     """How far the run in `out` got: {"epoch": last complete epoch, "done": the schedule ended,
     "partial": an epoch was cut short, "history": the metrics rows, "started": a state exists}."""
-    path = out / RESUME / "state.safetensors"
+    path = out / RESUME / STATE
     if not path.exists():
         return {"epoch": 0, "done": False, "partial": False, "history": [], "started": False}
     meta = _meta(path)

@@ -3,7 +3,9 @@ complete epoch's validation perplexity (`update`); `done` ends training before -
 
 - `NewBob` (fofe-fnnlm.txt Sec. 4, and Mikolov's rnnlm): keep the rate while validation perplexity
   improves by at least `min_improvement`; after the first epoch that does not, halve the rate after
-  every epoch for `halving_epochs` more epochs, then stop. Constant within an epoch.
+  every epoch for `halving_epochs` more epochs, then stop. Constant within an epoch. With `rollback`
+  (the FOFE authors' iNCML-DNNLM trainer), that first stalled epoch is undone and run again at the
+  halved rate: `rerun` tells the loop to restore the state it started from (seqlm.train.loop).
 - `WarmupCosine` (the Transformer recipe): linear warm-up over `warmup_steps`, then a cosine from the
   peak `lr` down to `min_lr` at the run's last planned step (`total_steps` = max_epochs x batches per
   epoch); a pure function of the step count, so a resumed run continues it exactly.
@@ -23,6 +25,8 @@ class NewBob:
     best: float = math.inf
     halving: bool = False
     left: int = 0
+    rollback: bool = False
+    rerun: bool = False  # the last update asks for its epoch to be undone and run again
     kind: str = "newbob"
 
     def lr_at(self, step: int) -> float:
@@ -32,10 +36,12 @@ class NewBob:
         """Record an epoch's validation perplexity; return True if the rate was halved."""
         improved = self.best - valid_ppl
         self.best = min(self.best, valid_ppl)
+        self.rerun = False
         if not self.halving and improved >= self.min_improvement:
             return False
         if not self.halving:
-            self.halving, self.left = True, self.halving_epochs
+            # With rollback the stalled epoch is undone; its rerun is the first halving epoch (iNCML-DNNLM).
+            self.halving, self.rerun, self.left = True, self.rollback, self.halving_epochs
         else:
             self.left -= 1
         self.lr /= 2
@@ -60,11 +66,19 @@ class NewBob:
             changes.append(f"halving_epochs {old['halving_epochs']} -> {new['halving_epochs']}"
                            + (f" ({max(self.left, 0)} left)" if self.halving else ""))
             self.halving_epochs = new["halving_epochs"]
+        if new.get("rollback", False) != old.get("rollback", False):
+            changes.append(f"rollback {old.get('rollback', False)} -> {new['rollback']}")
+            self.rollback = new["rollback"]
         return changes
 
     @property
     def done(self) -> bool:
         return self.halving and self.left <= 0
+
+    @property
+    def may_roll_back(self) -> bool:
+        """Whether the coming epoch could be undone (the loop then keeps the state it starts from)."""
+        return self.rollback and not self.halving
 
     def state(self) -> dict:
         return asdict(self)
@@ -111,6 +125,8 @@ class WarmupCosine:
     @property
     def done(self) -> bool:
         return False
+
+    rerun = may_roll_back = False  # no rollback under this schedule (TrainConfig refuses it)
 
     def state(self) -> dict:
         return asdict(self)
