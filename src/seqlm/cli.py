@@ -39,7 +39,8 @@ def _family_name(name: str) -> str:
 
 
 def _text_stream(model, args):
-    from seqlm.data.corpus import encode_file
+    """--text FILE (`-`: standard input), --data CORPUS --split, or standard input when it is a pipe or file."""
+    from seqlm.data.corpus import encode_file, stdin_is_input
     from seqlm.data.datasets import resolve_corpus, split_path
 
     if args.text and args.data:
@@ -49,7 +50,9 @@ def _text_stream(model, args):
     if args.data:
         return encode_file(split_path(resolve_corpus(args.data), args.split), model.vocab, raw=args.raw,
                            unit=_unit(model))
-    raise SeqlmError("give the text to score: --text FILE (or --data ptb --split test)")
+    if stdin_is_input():  # `seqlm score model < text`, as KenLM's query reads it
+        return encode_file("-", model.vocab, raw=args.raw, unit=_unit(model))
+    raise SeqlmError("give the text to score: --text FILE, --data ptb --split test, or the text on standard input")
 
 
 def _unit(model) -> str:
@@ -66,9 +69,11 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
         return
     rest = rest + (["--prune", " ".join(args.prune)] if args.prune else [])  # kn's config field, lmplz syntax
     result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc,
-                            init_from=args.init_from)
+                            init_from=args.init_from, text=args.text, arpa=args.arpa, binary=args.binary,
+                            force=args.force)
     if result:  # data-parallel ranks other than 0 have nothing to report
-        print(json.dumps(result))
+        # the model itself on standard output (--arpa -): the report goes to stderr, as lmplz's does
+        print(json.dumps(result), file=sys.stderr if "-" in (args.arpa, args.binary) else sys.stdout)
 
 
 def _config_help(name: str | None) -> str:
@@ -233,8 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--key value; `seqlm train --model NAME --help-config` lists them.")
     t.add_argument("--model", type=_family_name, default=None, metavar="{" + ",".join(trainable_families()) + "}",
                    help=f"model family to train (default {DEFAULT_FAMILY}, the best one measured)")
-    t.add_argument("--data", default="ptb", help="dataset name (ptb) or corpus directory")
-    t.add_argument("--out", default=None, help="model directory to write (default runs/FAMILY)")
+    t.add_argument("--data", default=None, help="dataset name (ptb), corpus directory (train.txt; valid.txt and "
+                   "test.txt optional) or one text file; no default")
+    t.add_argument("--text", default=None, metavar="FILE", help="or one training text file (- = standard input, "
+                   "which is also read when it is a pipe or a file and neither option is given)")
+    t.add_argument("--out", default=None, help="model directory to write (default runs/FAMILY; none when only "
+                   "--arpa/--binary are asked for)")
+    t.add_argument("--arpa", default=None, metavar="FILE", help="kn: also write the ARPA file here (- = standard "
+                   "output, .gz compressed)")
+    t.add_argument("--binary", default=None, metavar="FILE", help="kn: also write seqlm's binary model here "
+                   "(- = standard output)")
+    t.add_argument("--force", action="store_true", help="overwrite an existing --arpa/--binary file")
     t.add_argument("--config", default=None, help="YAML file of options")
     t.add_argument("--resume", action="store_true", help="continue from the last epoch checkpoint in --out")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (spawns torchrun)")
@@ -246,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def text_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("model_dir", help="model directory (or an .arpa file)")
-        q.add_argument("--text", help="text file, one sentence per line (.gz ok)")
+        q.add_argument("--text", help="text file, one sentence per line (.gz ok; - = standard input, which is "
+                       "also read when it is a pipe or a file and neither --text nor --data is given)")
         q.add_argument("--data", help="or a dataset name / corpus directory ...")
         q.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
         q.add_argument("--raw", action="store_true", help="untokenised text (see docs)")
