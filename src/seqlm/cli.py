@@ -39,20 +39,10 @@ def _family_name(name: str) -> str:
 
 
 def _text_stream(model, args):
-    """--text FILE (`-`: standard input), --data CORPUS --split, or standard input when it is a pipe or file."""
-    from seqlm.data.corpus import encode_file, stdin_is_input
-    from seqlm.data.datasets import resolve_corpus, split_path
+    from seqlm.data.corpus import encode_file
+    from seqlm.data.datasets import text_path
 
-    if args.text and args.data:
-        raise SeqlmError("give either --text FILE or --data CORPUS (with --split), not both")
-    if args.text:
-        return encode_file(args.text, model.vocab, raw=args.raw, unit=_unit(model))
-    if args.data:
-        return encode_file(split_path(resolve_corpus(args.data), args.split), model.vocab, raw=args.raw,
-                           unit=_unit(model))
-    if stdin_is_input():  # `seqlm score model < text`, as KenLM's query reads it
-        return encode_file("-", model.vocab, raw=args.raw, unit=_unit(model))
-    raise SeqlmError("give the text to score: --text FILE, --data ptb --split test, or the text on standard input")
+    return encode_file(text_path(args.text, args.data, args.split), model.vocab, raw=args.raw, unit=_unit(model))
 
 
 def _unit(model) -> str:
@@ -62,10 +52,10 @@ def _unit(model) -> str:
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     """Train (or, for kn, estimate) a model and print its valid and test perplexity."""
-    from seqlm.train.run import train_from_cli
+    from seqlm.train.run import config_help, train_from_cli
 
     if args.help_config:
-        print(_config_help(args.model))
+        print(config_help(args.model))
         return
     rest = rest + (["--prune", " ".join(args.prune)] if args.prune else [])  # kn's config field, lmplz syntax
     result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc,
@@ -74,24 +64,6 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     if result:  # data-parallel ranks other than 0 have nothing to report
         # the model itself on standard output (--arpa -): the report goes to stderr, as lmplz's does
         print(json.dumps(result), file=sys.stderr if "-" in (args.arpa, args.binary) else sys.stdout)
-
-
-def _config_help(name: str | None) -> str:
-    """Every `--key value` option of a family, with its default: the fields of its config dataclasses."""
-    from seqlm.config import RENAMED, DataConfig, field_help, flat_fields
-    from seqlm.registry import DEFAULT_FAMILY, family
-
-    name = name or DEFAULT_FAMILY
-    lines, keys = [], set()
-    for cfg in (family(name).config(), DataConfig()):
-        for key, (owner, _field) in flat_fields(cfg).items():
-            doc = field_help(type(owner)).get(key, "")
-            lines.append(f"  --{key.replace('_', '-'):<20} {getattr(owner, key)!r:<10} {doc}")
-            keys.add(key)
-    old = [f"--{o.replace('_', '-')} = --{n.replace('_', '-')}" for o, n in RENAMED.items()
-           if n in keys and o not in keys]
-    head = f"options of `seqlm train --model {name}`: --key value, the default, what it does"
-    return "\n".join([head + (f" (old names, still accepted: {', '.join(old)})" if old else ""), *lines])
 
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
@@ -184,12 +156,10 @@ def cmd_fofe_collisions(args: argparse.Namespace, rest: list[str]) -> None:
 def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
     """Combine saved models by linear interpolation into a mixture model directory (weights by EM on held-out
     text: --text FILE, or --data CORPUS --split valid)."""
-    from seqlm.data.datasets import resolve_corpus, split_path
+    from seqlm.data.datasets import text_path
     from seqlm.eval.interpolate import interpolate
 
-    if args.text and args.data:
-        raise SeqlmError("give either --text FILE or --data CORPUS (with --split), not both")
-    held_out = split_path(resolve_corpus(args.data), args.split) if args.data else args.text
+    held_out = text_path(args.text, args.data, args.split) if args.text or args.data else None
     print(json.dumps(interpolate(args.model_dirs, args.out, held_out, args.weights, args.em, args.stream,
                                  args.raw)))
 

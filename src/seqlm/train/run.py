@@ -17,13 +17,38 @@ from pathlib import Path
 import torch
 
 from seqlm import checkpoint as ckpt
-from seqlm.config import DataConfig, apply_overrides, from_dict, load_yaml, parse_overrides, to_dict
+from seqlm.config import (
+    RENAMED,
+    DataConfig,
+    apply_overrides,
+    field_help,
+    flat_fields,
+    from_dict,
+    load_yaml,
+    parse_overrides,
+    to_dict,
+)
 from seqlm.data.corpus import build_vocab, encode_file, spool, stdin_is_input
 from seqlm.data.datasets import corpus_splits
 from seqlm.data.vocab import Vocab
 from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 from seqlm.eval.perplexity import evaluate
 from seqlm.registry import DEFAULT_FAMILY, CountFamily, Splits, family, new_model
+
+
+def config_help(name: str | None) -> str:
+    """Every `--key value` option of a family, with its default: the fields of its config dataclasses."""
+    name = name or DEFAULT_FAMILY
+    lines, keys = [], set()
+    for cfg in (family(name).config(), DataConfig()):
+        for key, (owner, _field) in flat_fields(cfg).items():
+            doc = field_help(type(owner)).get(key, "")
+            lines.append(f"  --{key.replace('_', '-'):<20} {getattr(owner, key)!r:<10} {doc}")
+            keys.add(key)
+    old = [f"--{o.replace('_', '-')} = --{n.replace('_', '-')}" for o, n in RENAMED.items()
+           if n in keys and o not in keys]
+    head = f"options of `seqlm train --model {name}`: --key value, the default, what it does"
+    return "\n".join([head + (f" (old names, still accepted: {', '.join(old)})" if old else ""), *lines])
 
 
 def _configs(name: str, out: Path, config_file: str | None, rest: list[str], resume: bool):
