@@ -66,7 +66,10 @@ def test_init_from_another_family_says_which(models, capsys, tmp_path):
     err = refused(capsys, "train", "--model", "lstm", "--data", models["corpus"], "--out", tmp_path / "l",
                   "--init-from", models["kn"], *LSTM)
     assert "a kn model has no network weights" in err, err
-    assert not (tmp_path / "t").exists() and not (tmp_path / "l").exists()
+    err = refused(capsys, "train", "--model", "kn", "--data", models["corpus"], "--out", tmp_path / "k",
+                  "--init-from", models["lstm"])
+    assert "estimated from counts" in err, err
+    assert not any((tmp_path / d).exists() for d in ("t", "l", "k"))
 
 
 # -- item 7: one name per concept -----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from seqlm.data.datasets import corpus_splits
 from seqlm.data.vocab import Vocab
 from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 from seqlm.eval.perplexity import evaluate
-from seqlm.registry import DEFAULT_FAMILY, CountFamily, Splits, family, new_model
+from seqlm.registry import DEFAULT_FAMILY, CountFamily, NeuralFamily, Splits, family, new_model
 
 
 def config_help(name: str | None) -> str:
@@ -94,6 +94,8 @@ def _init_source(init_from: str | None, resume: bool, name: str):
         return None
     if resume:
         raise SeqlmError("--init-from starts a new run from another model's weights; drop it with --resume")
+    if not isinstance(family(name), NeuralFamily):
+        raise SeqlmError(f"--init-from: a {name} model is estimated from counts, not trained from weights; drop it")
     import seqlm
 
     src = seqlm.load(init_from)
