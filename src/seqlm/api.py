@@ -122,7 +122,10 @@ def describe(path: str | Path) -> dict:
     model = load(path)
     info: dict[str, Any] = {"family": model.family}
     if Path(path).is_file():
-        info.update(config=None, source="an n-gram file (ARPA or binary), not a seqlm model directory: no config")
+        from seqlm.ngram.binary import is_binary
+
+        kind = "a seqlm binary n-gram file" if is_binary(Path(path)) else "an ARPA file (KenLM, SRILM or seqlm)"
+        info.update(config=None, source=f"{kind}, not a seqlm model directory: no config")
     else:
         info["config"] = asdict(model.config)
     if hasattr(model, "sizes"):  # n-gram tables

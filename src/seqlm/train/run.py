@@ -108,13 +108,13 @@ def _init_source(init_from: str | None, resume: bool, name: str):
 def _init_weights(model, src, init_from: str) -> None:
     """Copy every weight of `src` into the new model: same vocabulary, same parameter names and shapes
     (e.g. an `rnn` model into an `afp` one: the same network under another history rule)."""
-    if src.vocab != model.vocab:
-        raise SeqlmError(f"--init-from {init_from}: its vocabulary differs from this corpus's; train on the same "
-                         "corpus (and --unit, --max-vocab, --min-count)")
     theirs, ours = src.state_dict(), model.state_dict()
     if theirs.keys() != ours.keys() and src.family != model.family:
         raise SeqlmError(f"--init-from {init_from}: a {src.family} model's weights cannot start a {model.family} "
                          f"model (different networks); give a {model.family} model directory (or rnn for afp)")
+    if src.vocab != model.vocab:
+        raise SeqlmError(f"--init-from {init_from}: its vocabulary differs from this corpus's; train on the same "
+                         "corpus (and --unit, --max-vocab, --min-count)")
     bad = sorted(k for k in ours.keys() | theirs.keys() if k not in ours or k not in theirs
                  or ours[k].shape != theirs[k].shape)
     if bad:
