@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default=None, help="model directory to write (default runs/FAMILY; none when only "
                    "--arpa/--binary are asked for)")
     t.add_argument("--arpa", default=None, metavar="FILE", help="kn: also write the ARPA file here (- = standard "
-                   "output, .gz compressed)")
+                   "output; a name ending .gz is compressed)")
     t.add_argument("--binary", default=None, metavar="FILE", help="kn: also write seqlm's binary model here "
                    "(- = standard output)")
     t.add_argument("--force", action="store_true", help="overwrite an existing --arpa/--binary file")
