@@ -58,7 +58,7 @@ def flops_per_token(cfg: dict, vocab: int) -> tuple[float, list[tuple[int, int, 
 
     Attention scores and their weighted sum cost 2 x (context / 2) x d multiply-adds a token on average
     (causal: a token sees half the window on average)."""
-    d, ff, L, W = cfg["d_model"], cfg["d_ff"], cfg["layers"], cfg["context"]
+    d, ff, L, W = cfg.get("hidden", cfg.get("d_model")), cfg["d_ff"], cfg["layers"], cfg["context"]
     macs = L * (4 * d * d + 2 * d * ff + 2 * (W // 2) * d) + d * vocab
     rows = cfg["train"]["batch_size"] * W
     shapes = [(rows, d, 3 * d), (rows, d, d), (rows, d, ff), (rows, ff, d), (rows, d, vocab)]

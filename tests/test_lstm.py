@@ -47,7 +47,7 @@ def _reference(model, vocab, stream: bool) -> np.ndarray:
     return np.array(out)
 
 
-@pytest.mark.parametrize("kw", [{}, {"tied": True}, {"output": "class", "classes": 2},
+@pytest.mark.parametrize("kw", [{}, {"tie_embeddings": True}, {"output": "class", "classes": 2},
                                 {"output": "adaptive", "cutoffs": "2,4"},
                                 {"vocab_layers": VocabLayerConfig(objective="nce", normaliser="regression")}])
 def test_batched_sentence_scores_equal_step_by_step(kw):
@@ -73,7 +73,7 @@ def test_sentence_independent_model_resets_in_stream_mode():
 
 
 def test_step_distribution_sums_to_one_and_tied_weights_are_one_tensor():
-    model, vocab = _model(tied=True)
+    model, vocab = _model(tie_embeddings=True)
     assert model.embedding(torch.tensor([3])).data_ptr() != 0
     assert torch.equal(model.embedding(torch.tensor([3]))[0], model.out.proj.weight[3])
     layers = parameters_by_layer(model)

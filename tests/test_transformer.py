@@ -18,7 +18,7 @@ from conftest import write_corpus
 def _model(context: int = 8, stride: int = 0, positions: str = "learned", tie: bool = True, V: int = 13):
     torch.manual_seed(0)
     vocab = Vocab(["</s>", "<unk>"] + [f"w{i}" for i in range(V - 2)])
-    cfg = TransformerConfig(layers=2, d_model=16, heads=2, d_ff=32, context=context, stride=stride,
+    cfg = TransformerConfig(layers=2, hidden=16, heads=2, d_ff=32, context=context, stride=stride,
                             positions=positions, tie_embeddings=tie, dropout=0.0)
     return build_transformer(cfg, vocab).eval()
 
@@ -75,7 +75,7 @@ def test_packed_sentences_do_not_see_each_other():
 def test_cross_sentence_training_lets_packed_sentences_see_earlier_ones():
     torch.manual_seed(0)
     vocab = Vocab(["</s>", "<unk>"] + [f"w{i}" for i in range(11)])
-    cfg = TransformerConfig(layers=1, d_model=16, heads=2, d_ff=32, context=16, dropout=0.0, cross_sentence=True)
+    cfg = TransformerConfig(layers=1, hidden=16, heads=2, d_ff=32, context=16, dropout=0.0, cross_sentence=True)
     model = build_transformer(cfg, vocab)
     s1, s2 = [3, 5, 2, 0], [7, 9, 4, 8, 0]
     packed = _batch(s1 + s2, resets=[len(s1)])

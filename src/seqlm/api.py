@@ -109,3 +109,39 @@ def generate(model: LanguageModel, num: int = 1, seed: int = 0, temperature: flo
              max_len: int = 100) -> list[str]:
     """Sample `num` sentences (ancestral sampling from `step`)."""
     return [" ".join(s) for s in sample(model, num, seed, temperature, max_len)]
+
+
+def describe(path: str | Path) -> dict:
+    """`seqlm info`: family, config, parameter counts and vocabulary size of a model directory or n-gram file.
+
+    An n-gram model's parameters are its stored numbers: a probability per n-gram and a backoff weight per
+    n-gram below the highest order. A file (ARPA or binary) carries no seqlm config: `config` is null.
+    """
+    from seqlm.nn.softmax import parameters_by_layer
+
+    model = load(path)
+    info: dict[str, Any] = {"family": model.family}
+    if Path(path).is_file():
+        from seqlm.ngram.binary import is_binary
+
+        kind = "a seqlm binary n-gram file" if is_binary(Path(path)) else "an ARPA file (KenLM, SRILM or seqlm)"
+        info.update(config=None, source=f"{kind}, not a seqlm model directory: no config")
+    else:
+        info["config"] = asdict(model.config)
+    if hasattr(model, "sizes"):  # n-gram tables
+        sizes = list(model.sizes)
+        info.update(order=len(sizes), ngrams={str(n): c for n, c in enumerate(sizes, 1)},
+                    parameters=sum(sizes) + sum(sizes[:-1]))
+    else:
+        params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
+        by_layer = parameters_by_layer(model)
+        if by_layer:  # a shared embedding/output matrix counts once, under whichever name holds it
+            by_layer["embedding+output"] = sum(by_layer.get(k, 0) for k in ("embedding", "embed", "out"))
+        info.update(parameters=params, parameters_by_layer=by_layer)
+        tied = getattr(model.config, "tie_embeddings", None)
+        if tied is not None:
+            info["tied"] = tied  # True: the output layer reuses the input embedding (counted once)
+    info["vocab_size"] = len(model.vocab)
+    if hasattr(model, "history"):
+        info["history"] = model.history
+    return info

@@ -40,16 +40,9 @@ def _family_name(name: str) -> str:
 
 def _text_stream(model, args):
     from seqlm.data.corpus import encode_file
-    from seqlm.data.datasets import resolve_corpus, split_path
+    from seqlm.data.datasets import text_path
 
-    if args.text and args.data:
-        raise SeqlmError("give either --text FILE or --data CORPUS (with --split), not both")
-    if args.text:
-        return encode_file(args.text, model.vocab, raw=args.raw, unit=_unit(model))
-    if args.data:
-        return encode_file(split_path(resolve_corpus(args.data), args.split), model.vocab, raw=args.raw,
-                           unit=_unit(model))
-    raise SeqlmError("give the text to score: --text FILE (or --data ptb --split test)")
+    return encode_file(text_path(args.text, args.data, args.split), model.vocab, raw=args.raw, unit=_unit(model))
 
 
 def _unit(model) -> str:
@@ -72,30 +65,18 @@ ALLOW_PEEK = "score a dae model that peeks at the text anyway: the figure is p(s
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     """Train (or, for kn, estimate) a model and print its valid and test perplexity."""
-    from seqlm.train.run import train_from_cli
+    from seqlm.train.run import config_help, train_from_cli
 
     if args.help_config:
-        print(_config_help(args.model))
+        print(config_help(args.model))
         return
     rest = rest + (["--prune", " ".join(args.prune)] if args.prune else [])  # kn's config field, lmplz syntax
     result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc,
-                            init_from=args.init_from)
+                            init_from=args.init_from, text=args.text, arpa=args.arpa, binary=args.binary,
+                            force=args.force)
     if result:  # data-parallel ranks other than 0 have nothing to report
-        print(json.dumps(result))
-
-
-def _config_help(name: str | None) -> str:
-    """Every `--key value` option of a family, with its default: the fields of its config dataclasses."""
-    from seqlm.config import DataConfig, field_help, flat_fields
-    from seqlm.registry import DEFAULT_FAMILY, family
-
-    name = name or DEFAULT_FAMILY
-    lines = [f"options of `seqlm train --model {name}`: --key value, the default, what it does"]
-    for cfg in (family(name).config(), DataConfig()):
-        for key, (owner, _field) in flat_fields(cfg).items():
-            doc = field_help(type(owner)).get(key, "")
-            lines.append(f"  --{key.replace('_', '-'):<20} {getattr(owner, key)!r:<10} {doc}")
-    return "\n".join(lines)
+        # the model itself on standard output (--arpa -): the report goes to stderr, as lmplz's does
+        print(json.dumps(result), file=sys.stderr if "-" in (args.arpa, args.binary) else sys.stdout)
 
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
@@ -139,17 +120,10 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def cmd_info(args: argparse.Namespace, rest: list[str]) -> None:
-    """Family, config, parameter count and vocabulary size of a model, as JSON."""
-    from dataclasses import asdict
+    """Family, config, parameter counts (n-grams per order for kn) and vocabulary size of a model, as JSON."""
+    from seqlm.api import describe
 
-    import seqlm
-    from seqlm.nn.softmax import parameters_by_layer
-
-    model = seqlm.load(args.model_dir)
-    params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
-    print(json.dumps({"family": model.family, "config": asdict(model.config), "parameters": params,
-                      "parameters_by_layer": parameters_by_layer(model), "vocab_size": len(model.vocab)}
-                     | ({"history": model.history} if hasattr(model, "history") else {}), indent=2))
+    print(json.dumps(describe(args.model_dir), indent=2 if args.pretty else None))
 
 
 def cmd_embed(args: argparse.Namespace, rest: list[str]) -> None:
@@ -170,7 +144,7 @@ def cmd_plot(args: argparse.Namespace, rest: list[str]) -> None:
     """Learning curves (valid perplexity against epoch and wall time) of one or more runs, as PNG."""
     from seqlm.eval.plot import plot_runs
 
-    plot_runs([Path(d) for d in args.model_dirs], Path(args.out))
+    plot_runs([Path(d) for d in args.model_dirs], Path(args.out), force=args.force)
     print(args.out)
 
 
@@ -194,10 +168,13 @@ def cmd_fofe_collisions(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
-    """Combine saved models by linear interpolation into a mixture model directory (weights by EM on --valid)."""
+    """Combine saved models by linear interpolation into a mixture model directory (weights by EM on held-out
+    text: --text FILE, or --data CORPUS --split valid)."""
+    from seqlm.data.datasets import text_path
     from seqlm.eval.interpolate import interpolate
 
-    print(json.dumps(interpolate(args.model_dirs, args.out, args.valid, args.weights, args.em, args.stream,
+    held_out = text_path(args.text, args.data, args.split) if args.text or args.data else None
+    print(json.dumps(interpolate(args.model_dirs, args.out, held_out, args.weights, args.em, args.stream,
                                  args.raw) | ({"peeks": args.peek_note} if args.peek_note else {})))
 
 
@@ -219,14 +196,34 @@ def cmd_convert(args: argparse.Namespace, rest: list[str]) -> None:
     """Convert an n-gram model: ARPA (KenLM, SRILM) to seqlm's memory-mapped binary, or back to ARPA."""
     from seqlm.ngram.tools import convert
 
-    print(json.dumps(convert(args.src, args.dst)))
+    if Path(args.dst).is_file() and not args.force:
+        raise SeqlmError(f"{args.dst} exists; choose another output name or add --force to overwrite it")
+    print(json.dumps(convert(_ngram_source(args.src, "convert"), args.dst)))
 
 
 def cmd_query(args: argparse.Namespace, rest: list[str]) -> None:
     """Score stdin, one sentence per line, printing KenLM `query`-style lines and perplexities."""
     from seqlm.ngram.tools import query_main
 
-    query_main(args.model, args.verbose)
+    query_main(_ngram_source(args.model, "query"), args.verbose)
+
+
+def _ngram_source(path: str, command: str) -> str:
+    """query and convert take n-gram models: a model directory of another family says which family it is and
+    what to use instead (not that its model.arpa is missing)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return path
+    from seqlm.checkpoint import read_json
+
+    meta = read_json(config, "config.json")
+    fam = meta.get("family") if isinstance(meta, dict) else None
+    if fam in (None, "kn"):
+        return path
+    instead = {"query": f"score its text with `seqlm score {path}` (reads standard input too) or `seqlm eval`",
+               "convert": "a neural or mixture model has no ARPA or binary form (only kn models do)"}[command]
+    raise SeqlmError(f"{path} is a {fam} model directory; `seqlm {command}` takes an n-gram model (a kn model "
+                     f"directory, an ARPA file or a seqlm binary): {instead}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,8 +239,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--key value; `seqlm train --model NAME --help-config` lists them.")
     t.add_argument("--model", type=_family_name, default=None, metavar="{" + ",".join(trainable_families()) + "}",
                    help=f"model family to train (default {DEFAULT_FAMILY}, the best one measured)")
-    t.add_argument("--data", default="ptb", help="dataset name (ptb) or corpus directory")
-    t.add_argument("--out", default=None, help="model directory to write (default runs/FAMILY)")
+    t.add_argument("--data", default=None, help="dataset name (ptb), corpus directory (train.txt; valid.txt and "
+                   "test.txt optional) or one text file; no default")
+    t.add_argument("--text", default=None, metavar="FILE", help="or one training text file (- = standard input, "
+                   "which is also read when it is a pipe or a file and neither option is given)")
+    t.add_argument("--out", default=None, help="model directory to write (default runs/FAMILY; none when only "
+                   "--arpa/--binary are asked for)")
+    t.add_argument("--arpa", default=None, metavar="FILE", help="kn: also write the ARPA file here (- = standard "
+                   "output; a name ending .gz is compressed)")
+    t.add_argument("--binary", default=None, metavar="FILE", help="kn: also write seqlm's binary model here "
+                   "(- = standard output)")
+    t.add_argument("--force", action="store_true", help="overwrite an existing --arpa/--binary file")
     t.add_argument("--config", default=None, help="YAML file of options")
     t.add_argument("--resume", action="store_true", help="continue from the last epoch checkpoint in --out")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (spawns torchrun)")
@@ -255,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def text_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("model_dir", help="model directory (or an .arpa file)")
-        q.add_argument("--text", help="text file, one sentence per line (.gz ok)")
+        q.add_argument("--text", help="text file, one sentence per line (.gz ok; - = standard input, which is "
+                       "also read when it is a pipe or a file and neither --text nor --data is given)")
         q.add_argument("--data", help="or a dataset name / corpus directory ...")
         q.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
         q.add_argument("--raw", action="store_true", help="untokenised text (see docs)")
@@ -288,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help=cmd_info.__doc__)
     i.add_argument("model_dir", help="model directory (or an .arpa file)")
+    i.add_argument("--pretty", action="store_true", help="indented JSON instead of one line")
     i.set_defaults(func=cmd_info)
 
     em = sub.add_parser("embed", help=cmd_embed.__doc__)
@@ -301,7 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot", help=cmd_plot.__doc__)
     pl.add_argument("model_dirs", nargs="+", help="model directories with a metrics.jsonl (one curve each)")
-    pl.add_argument("--out", default="learning_curves.png", help="PNG file to write")
+    pl.add_argument("--out", default="learning_curves.png", help="PNG file to write (replaces an earlier plot; "
+                    "any other file only with --force)")
+    pl.add_argument("--force", action="store_true", help="overwrite --out even if it is not a plot")
     pl.set_defaults(func=cmd_plot)
     fc = sub.add_parser("fofe-collisions", help=cmd_fofe_collisions.__doc__)
     fc.add_argument("--alphas", help="comma-separated forgetting factors (default 0.05..1.0 step 0.05)")
@@ -315,16 +325,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     ip = sub.add_parser("interpolate", help=cmd_interpolate.__doc__,
                         description="P(w|h) = sum_i lambda_i P_i(w|h). Weights: --weights as given, else EM on "
-                                    "--valid, else equal. See docs/combination.md.")
+                                    "the held-out text (--text or --data/--split), else equal. See "
+                                    "docs/combination.md.")
     ip.add_argument("model_dirs", nargs="+", help="model directories or .arpa files (the first sets the vocabulary)")
     ip.add_argument("--out", required=True, help="mixture model directory to write")
-    ip.add_argument("--valid", help="held-out text for EM and the perplexities printed")
-    ip.add_argument("--raw", action="store_true", help="--valid is untokenised text (see docs)")
+    ip.add_argument("--text", "--valid", dest="text", metavar="FILE",
+                    help="held-out text for EM and the perplexities printed (--valid: its old name, still accepted)")
+    ip.add_argument("--data", help="or a dataset name / corpus directory ...")
+    ip.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="... and its split")
+    ip.add_argument("--raw", action="store_true", help="the held-out text is untokenised (see docs)")
     iw = ip.add_mutually_exclusive_group()
     iw.add_argument("--weights", help="comma-separated weights, one per model (normalised to sum to 1)")
-    iw.add_argument("--em", action="store_true", help="estimate the weights by EM on --valid (the default with it)")
+    iw.add_argument("--em", action="store_true", help="estimate the weights by EM on the held-out text (the default "
+                    "with one)")
     ip.add_argument("--stream", action="store_true",
-                    help="score --valid with recurrent components carrying state across sentences")
+                    help="score the held-out text with recurrent components carrying state across sentences")
     ip.set_defaults(func=cmd_interpolate)
 
     rs = sub.add_parser("rescore", help=cmd_rescore.__doc__,
@@ -351,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv = sub.add_parser("convert", help=cmd_convert.__doc__)
     cv.add_argument("src", help="ARPA file (.gz ok), binary model or kn model directory")
     cv.add_argument("dst", help="output: binary model (e.g. model.bin), or ARPA when it ends .arpa[.gz]")
+    cv.add_argument("--force", action="store_true", help="overwrite dst if it exists")
     cv.set_defaults(func=cmd_convert)
     qy = sub.add_parser("query", help=cmd_query.__doc__)
     qy.add_argument("model", help="kn model directory, binary model or ARPA file")

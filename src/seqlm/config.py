@@ -86,8 +86,9 @@ class DataConfig:
         _positive(self, "min_count")
 
 
-# Old key -> new key, for config.json files, flags and YAML written before a rename.
-RENAMED = {"bptt": "seq_len"}
+# Old key -> new key, for config.json files, flags and YAML written before a rename (one name per concept
+# across families: seq_len, hidden, tie_embeddings).
+RENAMED = {"bptt": "seq_len", "d_model": "hidden", "tied": "tie_embeddings"}
 
 
 def _choice(name: str, value: str, options: tuple[str, ...]) -> None:

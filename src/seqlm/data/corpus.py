@@ -15,6 +15,7 @@ import io
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 from collections import Counter
@@ -228,14 +229,15 @@ def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bo
 
 
 def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = None, min_count: int = 1,
-                unit: str = "word") -> Vocab:
+                unit: str = "word", use_cache: bool = True) -> Vocab:
     """The training vocabulary, built in one streaming pass that also leaves the encoded text in the cache.
 
     Words get provisional ids in order of first appearance while the text streams to disk; their counts
     come from the ids on disk; once the vocabulary is known (Vocab.build: frequency order), one cheap
     array pass maps the provisional ids to the final ones, into the cache entry `encode_file(path,
     vocab)` then opens without reading the text again. Memory is bounded by the vocabulary and the
-    longest line, not the corpus. Same result as `Vocab.build(count_words(path), ...)`.
+    longest line, not the corpus. Same result as `Vocab.build(count_words(path), ...)`. `use_cache=False`
+    (a temporary file, e.g. spooled standard input) leaves nothing in the cache.
     """
     path = Path(path)
     if not path.is_file():
@@ -244,7 +246,7 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
     mode = f"{raw}" if unit == "word" else f"{raw}|{unit}"
     key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{mode}|{max_vocab}|{min_count}|v1".encode())
     cached_vocab = cache_dir() / "ids" / f"{key.hexdigest()[:20]}.vocab.txt"
-    if cached_vocab.is_file():  # e.g. built by `train --nproc` before it started the workers
+    if use_cache and cached_vocab.is_file():  # e.g. built by `train --nproc` before it started the workers
         with contextlib.suppress(SeqlmError):
             return Vocab.load(cached_vocab)
     prov: dict[str, int] = {EOS: 0}  # provisional ids; a literal </s> in the text is the sentence end
@@ -253,6 +255,7 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
         return [prov.setdefault(w, len(prov)) for w in sent]
 
     work, cached = _workdir(cache_dir() / "ids")
+    cached = cached and use_cache
     try:
         n_tok = _write_ids(read_sentences(path, raw, unit), encode, 0, work)
         if n_tok == 0:
@@ -273,6 +276,28 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
         return vocab
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def stdin_is_input() -> bool:
+    """Whether standard input is a pipe or a file (`< text`, `cat text |`), not a terminal or /dev/null:
+    then a command given no text file reads it, as KenLM's lmplz and query do."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # no stdin, or a stand-in without a descriptor (pytest)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
+
+
+def spool(src: Path, dest: Path) -> Path:
+    """Copy a text that can be read only once (`-` for standard input, a pipe; `.gz` decompressed) into the
+    file `dest`, streaming, so that it can be read twice: for the vocabulary, then for the ids."""
+    _check_readable(src)
+    try:
+        with _open_binary(src) as f, open(dest, "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise SeqlmError(f"{src}: cannot read ({e})") from None
+    return dest
 
 
 def build_vocab_and_encode(path: str | Path, raw: bool = False, max_vocab: int | None = None,

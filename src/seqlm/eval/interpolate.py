@@ -53,7 +53,8 @@ def interpolate(model_paths: Sequence[str | Path], out: str | Path, valid: str |
     if (out / ckpt.CONFIG).exists():
         raise SeqlmError(f"{out} already holds a model; choose another --out")
     if em and valid is None:
-        raise SeqlmError("--em estimates the weights on held-out text: give --valid FILE")
+        raise SeqlmError("--em estimates the weights on held-out text: give --text FILE or --data CORPUS "
+                         "(--split valid)")
     k = len(model_paths)
     if k == 0:
         raise SeqlmError("give at least one model directory (or .arpa file) to interpolate")

@@ -22,10 +22,23 @@ def read_metrics(model_dir: Path) -> list[dict]:
     return rows
 
 
-def plot_runs(model_dirs: list[Path], out: Path) -> None:
+def _check_out(out: Path, force: bool) -> None:
+    """Replace a plot (a PNG that matplotlib wrote, as this command does), never another file unless forced."""
+    if not out.exists() or force:
+        return
+    if out.is_dir():
+        raise SeqlmError(f"--out {out} is a directory; give a file name such as {out}/curves.png")
+    with open(out, "rb") as f:
+        head = f.read(4096)
+    if not (head.startswith(b"\x89PNG\r\n\x1a\n") and b"matplotlib" in head):
+        raise SeqlmError(f"--out {out} exists and is not a plot; choose another name or add --force to overwrite it")
+
+
+def plot_runs(model_dirs: list[Path], out: Path, force: bool = False) -> None:
     """Valid perplexity by epoch and by wall time; then, where any run logged them, the training loss per
     token and the log-normaliser log Z_h (NCE runs: mean +- spread of the true one at validation, and
     ZRegression's prediction) by epoch: the panels of sparse-word-representations.txt Fig. 5."""
+    _check_out(out, force)
     import matplotlib
 
     matplotlib.use("Agg")

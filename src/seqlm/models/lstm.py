@@ -6,7 +6,7 @@ torch's fused multi-layer nn.LSTM; dropout on the embeddings, between layers and
 input (Zaremba et al.'s placement). The state runs on across the whole text (stream mode, TBPTT over
 `seq_len`-step chunks, like the `rnn` family) or restarts at every sentence (`--sentence-independent`).
 The vocabulary-sized layers come from `seqlm.nn.softmax.build_embedding/build_output`: a full softmax
-(or class-factorised), NCE training (`--objective nce`), sparse-code compression (`--codes`); `--tied`
+(or class-factorised), NCE training (`--objective nce`), sparse-code compression (`--codes`); `--tie-embeddings`
 shares the embedding with the output weights (Press & Wolf 2017; needs embed = hidden).
 """
 
@@ -41,7 +41,8 @@ class LSTMConfig:
     hidden: int = 200  # LSTM units per layer
     layers: int = 2  # stacked LSTM layers
     dropout: float = 0.0  # on the embeddings, between layers and before the output layer
-    tied: bool = False  # output weights = the embedding matrix (needs embed 0 or = hidden)
+    # output weights = the embedding matrix (needs embed 0 or = hidden; --tied: its old name, still accepted)
+    tie_embeddings: bool = False
     output: str = "full"  # full | class (class-factorised softmax) | adaptive (torch's adaptive softmax)
     classes: int = 0  # class output: number of classes; 0 = round(sqrt(V))
     cutoffs: str = ""  # adaptive output: cluster boundaries in frequency rank, e.g. 2000,10000; "" = 2k/10k/50k < V
@@ -55,10 +56,15 @@ class LSTMConfig:
             raise SeqlmError("--embed and --classes must be 0 (automatic) or positive")
         dropout_rate(self.dropout)
         choice("output", self.output, ("full", "class", "adaptive"))
-        if self.tied and self.embed not in (0, self.hidden):
-            raise SeqlmError(f"--tied needs --embed 0 or equal to --hidden ({self.hidden}), got {self.embed}")
-        if self.tied and (self.vocab_layers.codes or self.output != "full"):
-            raise SeqlmError("--tied works with the plain full output layer only (no --codes, --output full)")
+        if self.tie_embeddings and self.embed not in (0, self.hidden):
+            raise SeqlmError(f"--tie-embeddings needs --embed 0 or equal to --hidden ({self.hidden}), got {self.embed}")
+        if self.tie_embeddings and (self.vocab_layers.codes or self.output != "full"):
+            raise SeqlmError("--tie-embeddings works with the plain full output layer only (no --codes, --output "
+                             "full)")
+
+    @property
+    def tied(self) -> bool:  # the old name (config.json files, --tied)
+        return self.tie_embeddings
 
 
 class TiedEmbedding(nn.Module):

@@ -44,13 +44,13 @@ def _transformer_training() -> TrainConfig:
 class TransformerConfig:
     size: str = ""  # "" = the fields below; small (3 x 384, filter 2048) | base (6 x 512, 4096): sets all four
     layers: int = 4  # Transformer blocks
-    d_model: int = 256  # hidden size
-    heads: int = 4  # attention heads (d_model must be a multiple)
+    hidden: int = 256  # hidden size, d_model (--d-model: its old name, still accepted)
+    heads: int = 4  # attention heads (hidden must be a multiple)
     d_ff: int = 1024  # feed-forward ("filter") size
     context: int = 128  # W: the most tokens a prediction attends to; learned positions go up to W
     stride: int = 0  # S: new tokens per window when a text is longer than W; 0 = W / 2
     positions: str = "learned"  # learned | sinusoidal
-    tie_embeddings: bool = True  # output softmax weights = input embeddings
+    tie_embeddings: bool = True  # output softmax weights = input embeddings (the lstm family's flag too)
     dropout: float = 0.1  # on embeddings, attention weights and sub-layer outputs
     cross_sentence: bool = False  # training: packed sentences attend to earlier ones (a model for stream mode)
     train: TrainConfig = field(default_factory=_transformer_training)
@@ -58,15 +58,19 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         choice("size", self.size, ("", *SIZES))
         if self.size:
-            self.layers, self.d_model, self.d_ff, self.heads = SIZES[self.size]
-        positive(self, "layers", "d_model", "heads", "d_ff", "context")
+            self.layers, self.hidden, self.d_ff, self.heads = SIZES[self.size]
+        positive(self, "layers", "hidden", "heads", "d_ff", "context")
         choice("positions", self.positions, ("learned", "sinusoidal"))
         dropout_rate(self.dropout)
-        if self.d_model % self.heads:
-            raise SeqlmError(f"--d-model ({self.d_model}) must be a multiple of --heads ({self.heads})")
+        if self.hidden % self.heads:
+            raise SeqlmError(f"--hidden ({self.hidden}) must be a multiple of --heads ({self.heads})")
         if self.context < 2 or not 0 <= self.stride < self.context:
             raise SeqlmError(f"--context must be at least 2 and --stride in [0, context); got {self.context}, "
                              f"{self.stride}")
+
+    @property
+    def d_model(self) -> int:  # the name in the Transformer papers and in config.json files before the rename
+        return self.hidden
 
     @property
     def window_stride(self) -> int:

@@ -1,26 +1,54 @@
 """`seqlm train`: from a family name and a corpus to a model directory with its perplexities.
 
 corpus -> vocabulary (train split only) -> memory-mapped ids -> family.train (the loop, or KN
-estimation) -> the best checkpoint, evaluated on valid and test with the one protocol.
+estimation) -> the best checkpoint, evaluated on whichever of valid and test there are, with the one
+protocol. The corpus is a dataset, a directory, one file or standard input (KenLM's `lmplz -o 5 < text
+> lm.arpa` is `seqlm train --model kn --order 5 --arpa - < text`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from seqlm import checkpoint as ckpt
-from seqlm.config import DataConfig, apply_overrides, from_dict, load_yaml, parse_overrides, to_dict
-from seqlm.data.corpus import build_vocab, encode_file
-from seqlm.data.datasets import resolve_corpus, split_path
+from seqlm.config import (
+    RENAMED,
+    DataConfig,
+    apply_overrides,
+    field_help,
+    flat_fields,
+    from_dict,
+    load_yaml,
+    parse_overrides,
+    to_dict,
+)
+from seqlm.data.corpus import build_vocab, encode_file, spool, stdin_is_input
+from seqlm.data.datasets import corpus_splits
 from seqlm.data.vocab import Vocab
 from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 from seqlm.eval.perplexity import evaluate
-from seqlm.registry import DEFAULT_FAMILY, CountFamily, Splits, family, new_model
+from seqlm.registry import DEFAULT_FAMILY, CountFamily, NeuralFamily, Splits, family, new_model
+
+
+def config_help(name: str | None) -> str:
+    """Every `--key value` option of a family, with its default: the fields of its config dataclasses."""
+    name = name or DEFAULT_FAMILY
+    lines, keys = [], set()
+    for cfg in (family(name).config(), DataConfig()):
+        for key, (owner, _field) in flat_fields(cfg).items():
+            doc = field_help(type(owner)).get(key, "")
+            lines.append(f"  --{key.replace('_', '-'):<20} {getattr(owner, key)!r:<10} {doc}")
+            keys.add(key)
+    old = [f"--{o.replace('_', '-')} = --{n.replace('_', '-')}" for o, n in RENAMED.items()
+           if n in keys and o not in keys]
+    head = f"options of `seqlm train --model {name}`: --key value, the default, what it does"
+    return "\n".join([head + (f" (old names, still accepted: {', '.join(old)})" if old else ""), *lines])
 
 
 def _configs(name: str, out: Path, config_file: str | None, rest: list[str], resume: bool):
@@ -60,27 +88,33 @@ def _check_unchanged(out: Path, saved: dict, now: dict) -> None:
                              f"drop {flag}, or train a new model in another --out")
 
 
-def _init_source(init_from: str | None, resume: bool):
+def _init_source(init_from: str | None, resume: bool, name: str):
     """The trained model whose weights start a new run (`--init-from`), read before any work."""
     if not init_from:
         return None
     if resume:
         raise SeqlmError("--init-from starts a new run from another model's weights; drop it with --resume")
+    if not isinstance(family(name), NeuralFamily):
+        raise SeqlmError(f"--init-from: a {name} model is estimated from counts, not trained from weights; drop it")
     import seqlm
 
     src = seqlm.load(init_from)
     if not isinstance(src, torch.nn.Module) or not any(True for _ in src.parameters()):
-        raise SeqlmError(f"--init-from {init_from}: not a neural model with weights to start from")
+        raise SeqlmError(f"--init-from {init_from}: a {src.family} model has no network weights to start a "
+                         f"{name} model from; give a trained {name} model directory (or rnn for afp)")
     return src
 
 
 def _init_weights(model, src, init_from: str) -> None:
     """Copy every weight of `src` into the new model: same vocabulary, same parameter names and shapes
     (e.g. an `rnn` model into an `afp` one: the same network under another history rule)."""
+    theirs, ours = src.state_dict(), model.state_dict()
+    if theirs.keys() != ours.keys() and src.family != model.family:
+        raise SeqlmError(f"--init-from {init_from}: a {src.family} model's weights cannot start a {model.family} "
+                         f"model (different networks); give a {model.family} model directory (or rnn for afp)")
     if src.vocab != model.vocab:
         raise SeqlmError(f"--init-from {init_from}: its vocabulary differs from this corpus's; train on the same "
                          "corpus (and --unit, --max-vocab, --min-count)")
-    theirs, ours = src.state_dict(), model.state_dict()
     bad = sorted(k for k in ours.keys() | theirs.keys() if k not in ours or k not in theirs
                  or ours[k].shape != theirs[k].shape)
     if bad:
@@ -89,11 +123,83 @@ def _init_weights(model, src, init_from: str) -> None:
     model.load_state_dict(theirs)
 
 
-def train_from_cli(name: str | None, data: str, out: str | None, config_file: str | None, rest: list[str],
+def _texts(data: str | None, text: str | None, scratch: Path) -> dict[str, Path | None]:
+    """The train (and, when there are, valid and test) texts: --data (a dataset, a corpus directory or one
+    file), --text FILE (`-`: standard input), or standard input when it is a pipe or a file."""
+    if data and text:
+        raise SeqlmError("give either --data (a dataset, corpus directory or text file) or --text FILE, not both")
+    if data:
+        return corpus_splits(data)
+    if text is None and not stdin_is_input():
+        raise SeqlmError("no training text: give --data ptb (or a corpus directory, or a text file), --text FILE, "
+                         "or the text on standard input (seqlm train --model kn --order 5 < text)")
+    path = Path(text or "-")
+    if str(path) == "-" or not path.is_file():  # standard input or a pipe: read once, so spooled to a file read twice
+        path = spool(path, scratch / "train.txt")
+    return {"train": path, "valid": None, "test": None}
+
+
+def _check_exports(name: str, exports: dict[str, str | None], force: bool, resume: bool, out: str | None) -> None:
+    """--arpa/--binary: kn only, at most one on standard output, no file overwritten without --force."""
+    given = {k: v for k, v in exports.items() if v}
+    if not given:
+        return
+    if not isinstance(family(name), CountFamily):
+        raise SeqlmError(f"--{'/--'.join(given)} write an n-gram model: only --model kn has one (a {name} model is "
+                         "saved in its --out directory)")
+    if list(given.values()).count("-") > 1:
+        raise SeqlmError("--arpa - and --binary - would both write to standard output; give one of them a file")
+    if resume and not out:
+        raise SeqlmError("--resume continues the model in --out: give --out")
+    for kind, dest in given.items():
+        if dest != "-" and Path(dest).exists() and not force:
+            raise SeqlmError(f"--{kind} {dest} exists; choose another name or add --force to overwrite it")
+
+
+def _export(out_dir: Path, exports: dict[str, str | None]) -> None:
+    """Copy the model directory's ARPA / binary to --arpa / --binary (`-`: standard output; `.gz`: compressed)."""
+    import gzip
+    import shutil
+    import sys
+
+    from seqlm.models.kn import ARPA, BINARY
+
+    for kind, name in (("arpa", ARPA), ("binary", BINARY)):
+        dest = exports.get(kind)
+        if not dest:
+            continue
+        with open(out_dir / name, "rb") as src:
+            if dest == "-":
+                shutil.copyfileobj(src, sys.stdout.buffer)
+                sys.stdout.buffer.flush()
+                continue
+            with ckpt.atomic_path(dest) as tmp, (gzip.open if dest.endswith(".gz") else open)(tmp, "wb") as f:
+                shutil.copyfileobj(src, f, 1 << 20)
+
+
+def train_from_cli(name: str | None, data: str | None, out: str | None, config_file: str | None, rest: list[str],
                    resume: bool = False, nproc: int = 1, session_minutes: float = 0.0,
-                   init_from: str | None = None) -> dict:
+                   init_from: str | None = None, text: str | None = None, arpa: str | None = None,
+                   binary: str | None = None, force: bool = False) -> dict:
+    """Train `name` on --data / --text / standard input into --out; kn also to --arpa / --binary files.
+    Without --out but with --arpa or --binary, the model directory is a temporary one."""
     name = name or DEFAULT_FAMILY
-    out_dir = Path(out or f"runs/{name}")
+    exports = {"arpa": arpa, "binary": binary}
+    _check_exports(name, exports, force, resume, out)
+    with tempfile.TemporaryDirectory(prefix="seqlm-train-") as scratch:
+        out_dir = Path(out) if out else Path(scratch) / "model" if arpa or binary else Path(f"runs/{name}")
+        result = _train(name, data, text, out_dir, config_file, rest, resume, nproc, session_minutes, init_from,
+                        Path(scratch))
+        if result:
+            _export(out_dir, exports)
+            result.update({k: v for k, v in exports.items() if v})
+            if not out and (arpa or binary):
+                result["out"] = None  # the model directory was a temporary one
+    return result
+
+
+def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_file: str | None, rest: list[str],
+           resume: bool, nproc: int, session_minutes: float, init_from: str | None, scratch: Path) -> dict:
     if nproc < 1:
         raise SeqlmError(f"--nproc must be at least 1, got {nproc}")
     if out_dir.exists() and not out_dir.is_dir():
@@ -101,22 +207,27 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
     if not resume and (out_dir / ckpt.CONFIG).exists():
         raise SeqlmError(f"{out_dir} already holds a model; use --resume to continue it or choose another --out")
     cfg, data_cfg = _configs(name, out_dir, config_file, rest, resume)  # every flag checked before any work
-    src = _init_source(init_from, resume)
-    corpus = resolve_corpus(data)
+    src = _init_source(init_from, resume, name)
+    texts = _texts(data, text, scratch)
+    if texts["valid"] is None and not isinstance(family(name), CountFamily):
+        raise SeqlmError(f"--model {name} needs held-out text (valid.txt) to schedule its learning rate and keep "
+                         "its best epoch: give a corpus directory with train.txt and valid.txt (kn needs train "
+                         "text only)")
     spawn = nproc > 1 and "WORLD_SIZE" not in os.environ
     if spawn:
         _check_parallel(name, nproc, cfg)
+    cache = texts["train"].parent != scratch  # spooled standard input leaves nothing in the cache
     if resume:
         vocab = Vocab.load(out_dir / ckpt.VOCAB)
     else:  # one streaming pass: counts and ids together (the ids land in the cache encode_file reads)
-        vocab = build_vocab(split_path(corpus, "train"), data_cfg.raw, data_cfg.max_vocab, data_cfg.min_count,
-                            data_cfg.unit)
+        vocab = build_vocab(texts["train"], data_cfg.raw, data_cfg.max_vocab, data_cfg.min_count, data_cfg.unit,
+                            use_cache=cache)
     # Every split is read (and cached) now: a bad test file fails before training, not after it, and
     # `--nproc` workers find the vocabulary and the ids cached instead of each reading the corpus again.
-    train, valid, _ = (encode_file(split_path(corpus, s), vocab, data_cfg.raw, unit=data_cfg.unit)
-                       for s in ("train", "valid", "test"))
+    train, valid, _ = (encode_file(path, vocab, data_cfg.raw, unit=data_cfg.unit, use_cache=cache)
+                       if path else None for path in texts.values())
     if spawn:
-        argv = ["train", "--model", name, "--data", data, "--out", str(out_dir), *rest]
+        argv = ["train", "--model", name, "--data", str(data), "--out", str(out_dir), *rest]
         argv += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
         argv += ["--init-from", init_from] if init_from else []
         return _spawn(nproc, argv, out_dir)
@@ -138,18 +249,23 @@ def train_from_cli(name: str | None, data: str, out: str | None, config_file: st
     seconds = time.time() - t0
     if not main_rank:
         return {}
-    return _final_report(name, out_dir, corpus, data_cfg, seconds)
+    return _final_report(name, out_dir, texts, data_cfg, seconds)
 
 
-def _final_report(name: str, out_dir: Path, corpus: Path, data_cfg: DataConfig, seconds: float) -> dict:
+def _final_report(name: str, out_dir: Path, texts: dict[str, Path | None], data_cfg: DataConfig,
+                  seconds: float) -> dict:
+    """Perplexity of the saved model on the valid and test texts there are; `evaluated` names them."""
     import seqlm
 
     best = seqlm.load(out_dir)  # the checkpoint on disk, exactly what users will load
-    result = {"family": name, "out": str(out_dir), "train_seconds": round(seconds, 2)}
+    result = {"family": name, "out": str(out_dir), "train_seconds": round(seconds, 2), "evaluated": []}
     for split in ("valid", "test"):
-        r = evaluate(best, encode_file(split_path(corpus, split), best.vocab, data_cfg.raw, unit=data_cfg.unit))
+        if texts[split] is None:
+            continue
+        r = evaluate(best, encode_file(texts[split], best.vocab, data_cfg.raw, unit=data_cfg.unit))
         result[f"{split}_ppl"] = r["ppl"]
         result[f"{split}_tokens"] = r["tokens"]
+        result["evaluated"].append(split)
     ckpt.write_json(out_dir / "results.json", result)
     return result
 
