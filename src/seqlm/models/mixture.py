@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,22 +182,33 @@ class MixtureModel:
             mixed[:, self.vocab.bos_id] = -torch.inf  # <s> is context only, never predicted
         return mixed, (new_states, torch.zeros_like(fresh))
 
-    def component_logp(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
+    def component_logp(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096,
+                       scorer: Scorer | None = None) -> np.ndarray:
         """(K, N) ln p of every token under each component, each in its own mode.
 
         With `stream_mode`, components that can carry state across sentences do (Mikolov's rnnlm
         default) and the others score sentence by sentence: the paper's RNN + KN5 combination.
+        `scorer(component, text in its ids, stream_mode, max_tokens)` scores one component (default: the
+        static `score_tokens`; seqlm.eval.dynamic passes dynamic evaluation).
         """
+        scorer = scorer or _static
         ids = np.asarray(stream.ids)
         rows = []
         for comp, table in zip(self.components, self.tables, strict=True):
             remapped = TokenStream(table.numpy()[ids].astype(np.int32), stream.starts)  # (N,) its ids
-            rows.append(score_tokens(comp, remapped, stream_mode and can_stream(comp), max_tokens).logp)
+            rows.append(scorer(comp, remapped, stream_mode and can_stream(comp), max_tokens))
         return np.stack(rows)  # (K, N)
 
     def score_text(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
         """(N,) ln p of every token of a text (`score_tokens` uses this so each component keeps its mode)."""
         return mix_logp(self.component_logp(stream, stream_mode, max_tokens), self.weights)
+
+
+Scorer = Callable[[LanguageModel, TokenStream, bool, int], np.ndarray]  # (N,) ln p of a text under one model
+
+
+def _static(model: LanguageModel, stream: TokenStream, stream_mode: bool, max_tokens: int) -> np.ndarray:
+    return score_tokens(model, stream, stream_mode, max_tokens).logp
 
 
 def relative_config(model: MixtureModel, out: str | Path) -> MixtureConfig:
