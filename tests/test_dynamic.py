@@ -1,5 +1,6 @@
 """Dynamic evaluation (seqlm.eval.dynamic): every token scored before the update that sees it, lr 0 equal
-to static evaluation, the model on disk untouched, refusals for models it does not apply to."""
+to static evaluation, the model on disk untouched, refusals for models it does not apply to. And stream
+mixtures of every kind of component, one of them kept sentence by sentence (`sentence_only`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from seqlm.data.batching import stream_batches
 from seqlm.data.corpus import encode_file
 from seqlm.errors import SeqlmError
 from seqlm.eval.dynamic import Dynamic, dynamic_logp
-from seqlm.eval.perplexity import score_tokens
+from seqlm.eval.interpolate import interpolate
+from seqlm.eval.perplexity import evaluate, score_tokens
 from seqlm.models.mixture import MixtureModel, mix_logp
 
 from conftest import SEQ_LEN, TINY, write_chain_corpus
@@ -149,3 +151,21 @@ def test_a_mixture_updates_its_neural_components_each_on_its_own(models, tmp_pat
 def test_refusals_are_one_line_and_status_2(models, name, flags, capsys):
     code, out, err = run(capsys, "eval", models[name], "--data", models["corpus"], *flags)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "dynamic" in err
+
+
+def test_a_stream_mixture_can_keep_a_component_sentence_by_sentence(models, tmp_path):
+    """Every kind of component in one stream mixture, the Transformer scored sentence by sentence (equal
+    weights: EM may give the tiny Transformer almost none, and then its mode would not show)."""
+    names = ["kn", "fnn", "rnn", "lstm", "transformer", "cache"]
+    info = interpolate([models[n] for n in names], tmp_path / "mix", models["corpus"] / "valid.txt",
+                       weights="1,1,1,1,1,1", stream=True, sentence_only=[4])
+    assert info["mode"] == "stream" and info["weights_from"] == "given"
+    assert json.loads((tmp_path / "mix" / "config.json").read_text())["model"]["sentence_only"] == [4]
+    comps = [seqlm.load(models[n]) for n in names]
+    streams = [False, False, True, True, False, True]  # n-gram and feed-forward cannot; the Transformer is told not to
+    per = np.stack([score_tokens(c, text_of(models, c), s).logp for c, s in zip(comps, streams, strict=True)])
+    want = float(np.exp(-mix_logp(per, info["weights"]).mean()))
+    mix = seqlm.load(tmp_path / "mix")
+    assert evaluate(mix, text_of(models, mix), stream_mode=True)["ppl"] == pytest.approx(want, rel=1e-9)
+    with pytest.raises(SeqlmError, match="sentence_only"):
+        MixtureModel(comps[:2], [0.5, 0.5], [models["kn"], models["fnn"]], sentence_only=[2])
