@@ -88,8 +88,11 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
     if args.iterations is not None:  # another history rule for an Elman model (seqlm.models.afp)
         from seqlm.models.afp import parse_iterations, with_iterations
         model = with_iterations(model, parse_iterations(args.iterations))
+    if args.dynamic_lr is not None or args.dynamic_segment is not None:  # seqlm.eval.dynamic
+        from seqlm.eval.dynamic import Dynamic
+        model = Dynamic(model, args.dynamic_lr, args.dynamic_segment)
     result = evaluate(model, _text_stream(model, args), stream_mode=args.stream)
-    print(json.dumps(result | ({"peeks": args.peek_note} if args.peek_note else {})))
+    print(json.dumps(result | getattr(model, "settings", {}) | ({"peeks": args.peek_note} if args.peek_note else {})))
 
 
 def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
@@ -274,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="carry state across sentences (recurrent models; not --sentence-independent ones)")
     e.add_argument("--iterations", metavar="K|exact", help="Elman models: evaluate with K fixed-point iterations, "
                    "or exactly (default: the model's own history rule)")
+    e.add_argument("--dynamic-lr", type=float, metavar="LR", help="dynamic evaluation: after scoring each segment, "
+                   "one SGD step of this rate on it (rnn, afp, lstm, transformer; the model on disk is not changed)")
+    e.add_argument("--dynamic-segment", type=int, metavar="N", help="dynamic evaluation: tokens per segment "
+                   "(default 20; without --stream, whole sentences holding at least N)")
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("score", help=cmd_score.__doc__)

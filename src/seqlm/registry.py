@@ -23,6 +23,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.models import kn
 from seqlm.models.afp import AFPConfig, afp_batches, build_afp
+from seqlm.models.cache import CacheConfig, estimate_cache, load_cache, save_cache
 from seqlm.models.dae import DAEConfig, build_dae, dae_batches
 from seqlm.models.fnn import FNNConfig, build_fnn
 from seqlm.models.fofe import FOFEConfig, build_fofe
@@ -189,6 +190,10 @@ FAMILIES: dict[str, Family] = {
     "dae": NeuralFamily(
         summary="discrete sequence autoencoder (Kaiser & Bengio 2018): a Transformer that peeks at c(s)",
         config=DAEConfig, build=build_dae, batches=dae_batches, step=sentence_step,
+    ),
+    "cache": CountFamily(
+        summary="unigram cache over the last N tokens read (window or decay), a mixture component",
+        config=CacheConfig, estimate=estimate_cache, save_model=save_cache, load_model=load_cache,
     ),
     "mix": MixtureFamily(
         summary="linear interpolation of saved models (rnnlm-extensions.txt); built by `seqlm interpolate`",

@@ -40,12 +40,13 @@ def _ppl(logp: np.ndarray) -> float:
 
 def interpolate(model_paths: Sequence[str | Path], out: str | Path, valid: str | Path | None = None,
                 weights: str | None = None, em: bool = False, stream: bool = False, raw: bool = False,
-                max_tokens: int = 4096) -> dict:
+                max_tokens: int = 4096, sentence_only: Sequence[int] = ()) -> dict:
     """Build, save and describe a mixture; returns the JSON `seqlm interpolate` prints.
 
     Weights: `weights` as given, else EM on `valid` (the default when there is a valid text), else
     equal (the paper's choice). `stream` scores the valid text with every component that can carry
-    state across sentences in that mode and with the others sentence by sentence.
+    state across sentences in that mode and with the others sentence by sentence; components listed in
+    `sentence_only` (0-based) score sentence by sentence regardless (a Transformer trained on sentences).
     """
     import seqlm
 
@@ -60,7 +61,7 @@ def interpolate(model_paths: Sequence[str | Path], out: str | Path, valid: str |
         raise SeqlmError("give at least one model directory (or .arpa file) to interpolate")
     given = parse_weights(weights, k) if weights is not None else None
     components = [seqlm.load(p) for p in model_paths]
-    mixture = MixtureModel(components, given or [1.0 / k] * k, model_paths)
+    mixture = MixtureModel(components, given or [1.0 / k] * k, model_paths, sentence_only)
     result: dict = {"out": str(out), "components": [str(p) for p in model_paths]}
     source = "given" if given else "equal"
     if valid is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ NOT_TRAINED = ("a mixture is not trained: combine saved models with `seqlm inter
 class MixtureConfig:
     components: list[str] = field(default_factory=list)  # model dirs / .arpa files, relative to the mixture dir
     weights: list[float] = field(default_factory=list)  # lambda_i, one per component, summing to 1
+    # components scored sentence by sentence even in stream mode (0-based; e.g. a sentence-trained Transformer)
+    sentence_only: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.components = [str(c) for c in self.components]
@@ -51,6 +53,9 @@ class MixtureConfig:
             raise SeqlmError(f"a mixture needs one weight per component: {len(self.components)} components, "
                              f"{len(self.weights)} weights")
         check_weights(self.weights)
+        self.sentence_only = sorted({int(i) for i in self.sentence_only})
+        if any(not 0 <= i < len(self.components) for i in self.sentence_only):
+            raise SeqlmError(f"sentence_only names components 0..{len(self.components) - 1}, got {self.sentence_only}")
 
     @property
     def train(self) -> Any:
@@ -108,13 +113,14 @@ class MixtureModel:
     """Per-token linear interpolation of K models behind the LanguageModel protocol.
 
     `paths` says where each component was loaded from, so that the mixture can be saved (see
-    `save_mixture`); `tables[i]` maps the mixture's ids to component i's.
+    `save_mixture`); `tables[i]` maps the mixture's ids to component i's. Components listed in
+    `sentence_only` score sentence by sentence even when the mixture is scored as a stream.
     """
 
     family = "mix"
 
     def __init__(self, components: Sequence[LanguageModel], weights: Sequence[float],
-                 paths: Sequence[str | Path]):
+                 paths: Sequence[str | Path], sentence_only: Sequence[int] = ()):
         if not components or len(components) != len(paths):
             raise SeqlmError("a mixture needs at least one component, each with the path it was loaded from")
         self.components = list(components)
@@ -123,6 +129,7 @@ class MixtureModel:
         self.tables = [torch.tensor([c.vocab.id(w) for w in self.vocab.itos], dtype=torch.long)  # (V,)
                        for c in self.components]
         self.training = False
+        self.sentence_only = list(sentence_only)
         self.set_weights(weights)
 
     def set_weights(self, weights: Sequence[float]) -> None:
@@ -130,12 +137,17 @@ class MixtureModel:
         if len(w) != len(self.components):
             raise SeqlmError(f"{len(self.components)} components need {len(self.components)} weights, got {len(w)}")
         self.weights = w  # (K,) float64
-        self.config = MixtureConfig([str(p) for p in self.paths], w.tolist())
+        self.config = MixtureConfig([str(p) for p in self.paths], w.tolist(), self.sentence_only)
+        self.sentence_only = self.config.sentence_only
 
     @property
     def can_stream(self) -> bool:
         """True when some component can carry its history across sentences (the paper's RNN + KN5 setting)."""
-        return any(can_stream(c) for c in self.components)
+        return any(self._streams(i) for i in range(len(self.components)))
+
+    def _streams(self, i: int) -> bool:
+        """Whether component i carries its history across sentences when the mixture is scored as a stream."""
+        return i not in self.sentence_only and can_stream(self.components[i])
 
     def eval(self) -> MixtureModel:
         for c in self.components:
@@ -193,22 +205,33 @@ class MixtureModel:
             mixed[:, self.vocab.bos_id] = -torch.inf  # <s> is context only, never predicted
         return mixed, (new_states, torch.zeros_like(fresh))
 
-    def component_logp(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
+    def component_logp(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096,
+                       scorer: Scorer | None = None) -> np.ndarray:
         """(K, N) ln p of every token under each component, each in its own mode.
 
         With `stream_mode`, components that can carry state across sentences do (Mikolov's rnnlm
         default) and the others score sentence by sentence: the paper's RNN + KN5 combination.
+        `scorer(component, text in its ids, stream_mode, max_tokens)` scores one component (default: the
+        static `score_tokens`; seqlm.eval.dynamic passes dynamic evaluation).
         """
+        scorer = scorer or _static
         ids = np.asarray(stream.ids)
         rows = []
-        for comp, table in zip(self.components, self.tables, strict=True):
+        for i, (comp, table) in enumerate(zip(self.components, self.tables, strict=True)):
             remapped = TokenStream(table.numpy()[ids].astype(np.int32), stream.starts)  # (N,) its ids
-            rows.append(score_tokens(comp, remapped, stream_mode and can_stream(comp), max_tokens).logp)
+            rows.append(scorer(comp, remapped, stream_mode and self._streams(i), max_tokens))
         return np.stack(rows)  # (K, N)
 
     def score_text(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
         """(N,) ln p of every token of a text (`score_tokens` uses this so each component keeps its mode)."""
         return mix_logp(self.component_logp(stream, stream_mode, max_tokens), self.weights)
+
+
+Scorer = Callable[[LanguageModel, TokenStream, bool, int], np.ndarray]  # (N,) ln p of a text under one model
+
+
+def _static(model: LanguageModel, stream: TokenStream, stream_mode: bool, max_tokens: int) -> np.ndarray:
+    return score_tokens(model, stream, stream_mode, max_tokens).logp
 
 
 def relative_config(model: MixtureModel, out: str | Path) -> MixtureConfig:
@@ -220,7 +243,7 @@ def relative_config(model: MixtureModel, out: str | Path) -> MixtureConfig:
             paths.append(os.path.relpath(p, out))
         except ValueError:  # another drive (Windows): no relative path exists
             paths.append(str(p))
-    return MixtureConfig(paths, model.weights.tolist())
+    return MixtureConfig(paths, model.weights.tolist(), model.sentence_only)
 
 
 def save_mixture(model: MixtureModel, out: Path) -> None:
@@ -245,4 +268,4 @@ def load_mixture(model_dir: Path, cfg: MixtureConfig) -> MixtureModel:
             components.append(seqlm.load(p))
         except SeqlmError as e:
             raise SeqlmError(f"{model_dir}: component {p}: {e}") from None
-    return MixtureModel(components, cfg.weights, paths)
+    return MixtureModel(components, cfg.weights, paths, cfg.sentence_only)

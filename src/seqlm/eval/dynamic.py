@@ -1,0 +1,127 @@
+"""Dynamic evaluation (Mikolov et al. 2010, "dynamic" models; Krause et al. 2018): the model goes on
+learning from the test text while it reads it.
+
+The text is cut into segments. Each segment is scored by the weights as they are (the static scoring
+code, without gradients), and only after that one plain SGD step on the segment's mean -ln p (lr
+`--dynamic-lr`, from a second pass with gradients) updates them: no token is ever scored by weights that
+have seen it. The second pass costs one more forward per segment and buys this: with lr 0 the scores are
+the static ones, bit for bit, whatever kernels a family's layers choose with and without gradients.
+The updates go to a copy of the model; the model passed in, and its directory on disk, never change.
+
+- Stream mode (`eval --stream`): the text as one stream cut into segments of N tokens, the state carried
+  from segment to segment exactly as static stream evaluation carries it between its chunks (which are
+  4096 tokens: with N = 4096 and lr 0 the figures are the static ones, bit for bit).
+- Sentence mode: segments of consecutive whole sentences holding at least N tokens, each sentence
+  scored from a fresh start (with lr 0: static sentence evaluation, to rounding).
+
+It applies to models with weights and a history that runs on (the recurrent families and the
+Transformer: seqlm.protocol.StreamingModel); n-gram, cache and feed-forward models are refused. In a
+mixture every such component learns from its own scores, as the RNNs of Mikolov's combinations do; the
+other components score as usual and the mixture's weights stay fixed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from seqlm.data.batching import sentence_rows, stream_batches
+from seqlm.data.corpus import TokenStream
+from seqlm.errors import SeqlmError
+from seqlm.eval.perplexity import can_stream, model_device, score_tokens
+from seqlm.models.mixture import mix_logp
+from seqlm.protocol import Batch, LanguageModel, StreamingModel
+
+DEFAULT_SEGMENT = 20  # tokens per segment (stream mode); sentence mode: whole sentences holding at least this many
+
+
+def updatable(model: LanguageModel) -> bool:
+    """A model dynamic evaluation applies to: trainable weights and a history that can run on."""
+    return (isinstance(model, nn.Module) and isinstance(model, StreamingModel)
+            and any(p.requires_grad for p in model.parameters()))
+
+
+def _segments(model: LanguageModel, stream: TokenStream, stream_mode: bool,
+              segment: int) -> Iterator[tuple[Batch, int]]:
+    """(batch, text position of its first target): N-token chunks of the stream, or rows of consecutive
+    whole sentences holding at least N tokens, in text order."""
+    bos = model.vocab.bos_id
+    if stream_mode:
+        for i, batch in enumerate(stream_batches(stream, bos, batch_size=1, bptt=segment)):
+            yield batch, i * segment
+        return
+    starts = np.asarray(stream.starts)
+    first = 0
+    while first < stream.num_sentences:
+        last = first + 1
+        while last < stream.num_sentences and starts[last] - starts[first] < segment:
+            last += 1
+        group = [(s, 0, int(starts[s + 1] - starts[s])) for s in range(first, last)]
+        yield sentence_rows(stream, bos, group, context=0).batch, int(starts[first])
+        first = last
+
+
+def dynamic_logp(model: LanguageModel, stream: TokenStream, stream_mode: bool, lr: float,
+                 segment: int = DEFAULT_SEGMENT) -> np.ndarray:
+    """(N,) ln p of every token, each scored before the one update that sees it (module docstring)."""
+    net = copy.deepcopy(model)  # the caller's model (and the directory it came from) stay as they were
+    net.eval()  # no dropout: the scores are the model's own, and so is the gradient
+    params = [p for p in net.parameters() if p.requires_grad]
+    device = model_device(net)
+    out = np.zeros(len(stream.ids), dtype=np.float64)
+    state = None
+    for batch, pos in _segments(net, stream, stream_mode, segment):
+        batch = batch.to(device)
+        with torch.no_grad():  # scored exactly as static evaluation scores it, by the weights so far
+            logp, next_state = net.score_stream(batch, state) if stream_mode else (net.score(batch), None)
+        scores = logp.double().cpu()[batch.mask.cpu()].numpy()  # row by row: text order
+        out[pos : pos + len(scores)] = scores
+        with torch.enable_grad():  # then the update, from a pass with gradients over the same segment
+            logp = net.score_stream(batch, state)[0] if stream_mode else net.score(batch)  # (B, T)
+            grads = torch.autograd.grad(-logp.sum() / batch.num_tokens, params, allow_unused=True)
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                if g is not None:
+                    p.add_(g, alpha=-lr)
+        state = next_state  # the history runs on as the weights that read it left it
+    return out
+
+
+class Dynamic:
+    """A model under dynamic evaluation, for `evaluate` / `score_tokens`: it scores whole texts its own
+    way (`score_text`), like a mixture. Each call starts again from the saved weights."""
+
+    def __init__(self, model: LanguageModel, lr: float | None, segment: int | None = None):
+        if lr is None:
+            raise SeqlmError("--dynamic-segment sets the segments of dynamic evaluation: give --dynamic-lr LR too")
+        if not (np.isfinite(lr) and lr >= 0):
+            raise SeqlmError(f"--dynamic-lr must be a non-negative number, got {lr}")
+        segment = DEFAULT_SEGMENT if segment is None else segment
+        if segment < 1:
+            raise SeqlmError(f"--dynamic-segment must be at least 1 token, got {segment}")
+        parts = getattr(model, "components", [model])  # a mixture: its components learn, each on its own
+        if not any(updatable(m) for m in parts):
+            raise SeqlmError(f"--dynamic-lr: a {getattr(model, 'family', 'this')} model has no weights with a "
+                             "running history to update; dynamic evaluation applies to rnn, afp, lstm and "
+                             "transformer models, and mixtures holding one")
+        self.model, self.lr, self.segment = model, float(lr), segment
+        self.vocab = model.vocab
+        self.data_config = getattr(model, "data_config", None)
+        self.sentence_independent = getattr(model, "sentence_independent", False)
+        self.can_stream = can_stream(model)
+        self.settings = {"dynamic_lr": self.lr, "dynamic_segment": segment}
+
+    def _score(self, model: LanguageModel, stream: TokenStream, stream_mode: bool, max_tokens: int) -> np.ndarray:
+        if updatable(model):
+            return dynamic_logp(model, stream, stream_mode, self.lr, self.segment)
+        return score_tokens(model, stream, stream_mode, max_tokens).logp  # a mixture's static component
+
+    def score_text(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
+        if hasattr(self.model, "component_logp"):  # a mixture: each component in its own mode
+            per = self.model.component_logp(stream, stream_mode, max_tokens, scorer=self._score)  # (K, N)
+            return mix_logp(per, self.model.weights)
+        return self._score(self.model, stream, stream_mode and can_stream(self.model), max_tokens)
