@@ -147,6 +147,9 @@ def test_every_file_kind_loads_and_bad_paths_fail_as_kenlm(kn_dir, tmp_path):
     (tmp_path / "bad.arpa").write_text("not an arpa file\n")
     with pytest.raises(OSError, match=r"^Cannot read model '.*bad\.arpa' \(.*no \\data\\"):
         ours.Model(str(tmp_path / "bad.arpa"))
+    (tmp_path / "lm.binary").write_bytes(b"mmap lm http://kheafield.com/code format version 5\n\0" + bytes(64))
+    with pytest.raises(OSError, match="KenLM binary file"):
+        ours.Model(str(tmp_path / "lm.binary"))
 
 
 @needs_oracle

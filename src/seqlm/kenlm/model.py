@@ -16,6 +16,8 @@ import numpy as np
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
 
+KENLM_BINARY_MAGIC = b"mmap lm "  # how KenLM's build_binary files begin (its binary_format.cc)
+
 
 class FullScoreReturn:
     """What BaseFullScore returns: log10 p, the length of the n-gram matched, whether the word is OOV."""
@@ -222,7 +224,18 @@ def _load(path: str | bytes | os.PathLike):
     p = Path(shown)
     if not p.exists():
         raise OSError(f"Cannot read model '{shown}' ({os.strerror(errno.ENOENT)} while opening {p.absolute()})")
+    if p.is_file() and _starts_with(p, KENLM_BINARY_MAGIC):
+        raise OSError(f"Cannot read model '{shown}' (a KenLM binary file (build_binary); seqlm reads ARPA files and "
+                      "its own binary format: give the ARPA file, or `seqlm convert` it to a seqlm binary)")
     try:
         return seqlm.load(p) if p.is_dir() else load_tables(p)
     except SeqlmError as e:
         raise OSError(f"Cannot read model '{shown}' ({e})") from e
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
