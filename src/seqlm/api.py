@@ -58,7 +58,12 @@ def load(path: str | Path) -> LanguageModel:
     fam = family(str(meta["family"]))
     cfg = from_dict(fam.config, meta["model"])
     vocab = Vocab.load(path / ckpt.VOCAB)
-    model = fam.load(path, cfg, vocab)
+    if "quantization" in meta:  # written by `seqlm quantize`: int8 layers (seqlm.nn.quantize)
+        from seqlm.nn.quantize import load_quantized
+
+        model = load_quantized(path, fam, cfg, vocab, meta["quantization"])
+    else:
+        model = fam.load(path, cfg, vocab)
     model.family, model.config = meta["family"], cfg
     model.data_config = from_dict(DataConfig, meta.get("data", {}))
     if model.vocab != vocab:

@@ -229,6 +229,13 @@ def _ngram_source(path: str, command: str) -> str:
                      f"directory, an ARPA file or a seqlm binary): {instead}")
 
 
+def cmd_quantize(args: argparse.Namespace, rest: list[str]) -> None:
+    """int8 copy of a neural model (dynamic quantization of its Linear/LSTM layers) for CPU inference."""
+    from seqlm.nn.quantize import quantize_dir
+
+    print(json.dumps(quantize_dir(args.model_dir, args.out)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from seqlm import __version__
     from seqlm.registry import DEFAULT_FAMILY
@@ -380,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     qy.add_argument("-v", "--verbose", default="word", choices=["word", "sentence", "summary"],
                     help="per-token lines (word), totals per sentence, or the perplexity summary only")
     qy.set_defaults(func=cmd_query)
+    qz = sub.add_parser("quantize", help=cmd_quantize.__doc__)
+    qz.add_argument("model_dir", help="a neural model directory (lstm, rnn, transformer, fnn, fofe, ...)")
+    qz.add_argument("--out", required=True, help="the new model directory to write")
+    qz.set_defaults(func=cmd_quantize)
     return p
 
 

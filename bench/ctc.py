@@ -1,0 +1,136 @@
+"""CTC beam search with seqlm language models (seqlm.kenlm.ctc in pyctcdecode), on simulated posteriors.
+
+    python bench/ctc.py --rows greedy,kn5-kenlm,kn5-seqlm,lstm,lstm-kn5 --threads 1
+    python bench/ctc.py --rows greedy,kn5-seqlm --utterances 20 --model kn5=DIR      # a quick look
+
+Posteriors: the first UTTERANCES sentences of PTB test, as characters (alphabet: CTC blank, space and every
+character of the PTB training vocabulary, `<unk>` spelled out). Each character takes 1 or 2 frames (even
+odds) and is followed by one blank frame; every frame's logits are N(0, NOISE) noise over all labels plus
+PEAK on the true one (seed SEED). Greedy decoding (frame argmax, repeats merged, blanks dropped) then has
+the character error rate of the `greedy` row. Rows: `greedy`; pyctcdecode's beam search (width BEAM, the
+same alpha and beta everywhere, PTB training vocabulary as unigrams) with the KN5 through the kenlm module
+(`kn5-kenlm`) and through seqlm (`kn5-seqlm`), with the LSTM (`lstm`) and with the LSTM and KN5 interpolated
+by EM on PTB valid (`lstm-kn5`). Fields: wer, cer, seconds (decoding only), utterances.
+Models: KN5 trained on PTB train here unless --model kn5=DIR; the LSTM is bench/sparse.py's lstm-ptb unless
+--model lstm=DIR. Writes bench/results/ctc.json.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import seqlm.kenlm as seqlm_kenlm
+from seqlm.cli import main as seqlm_main
+from seqlm.kenlm.ctc import build_ctcdecoder
+
+from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
+
+WORK = CHECKPOINTS / "ctc"
+PEAK, NOISE, SEED = 5.0, 1.2, 0  # greedy CER about 10% on the first 100 PTB test sentences
+
+
+def simulate(text: str, labels: list[str], rng: np.random.Generator, peak: float, noise: float) -> np.ndarray:
+    """(frames, len(labels)) logits for `text` (the recipe in the module docstring)."""
+    index = {c: i for i, c in enumerate(labels)}
+    frames = []
+    for c in text:
+        frames += [index[c]] * int(rng.integers(1, 3)) + [index[""]]
+    logits = rng.normal(0.0, noise, (len(frames), len(labels)))  # (F, C)
+    logits[np.arange(len(frames)), frames] += peak
+    return logits
+
+
+def greedy(logits: np.ndarray, labels: list[str]) -> str:
+    best = logits.argmax(axis=1)  # (F,)
+    keep = np.concatenate([[True], best[1:] != best[:-1]])  # (F,) the first frame of each run
+    return " ".join("".join(labels[i] for i in best[keep]).split())
+
+
+def edits(a: list, b: list) -> int:
+    """Levenshtein distance between two sequences."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def error_rates(hyps: list[str], refs: list[str]) -> tuple[float, float]:
+    pairs = list(zip(hyps, refs, strict=True))
+    words = sum(edits(h.split(), r.split()) for h, r in pairs) / sum(len(r.split()) for r in refs)
+    chars = sum(edits(list(h), list(r)) for h, r in pairs) / sum(len(r) for r in refs)
+    return words, chars
+
+
+def kn5_dir(models: dict) -> Path:
+    if "kn5" in models:
+        return models["kn5"]
+    out = WORK / "kn5"
+    if not (out / "model.arpa").is_file():
+        assert seqlm_main(["train", "--model", "kn", "--order", "5", "--data", str(ptb_dir()), "--out", str(out)]) == 0
+    return out
+
+
+def mixture_dir(models: dict) -> Path:
+    out = WORK / "lstm-kn5"  # rebuilt every run: the members may have changed
+    shutil.rmtree(out, ignore_errors=True)
+    assert seqlm_main(["interpolate", str(models["lstm"]), str(kn5_dir(models)), "--out", str(out),
+                       "--valid", str(ptb_dir() / "valid.txt")]) == 0
+    return out
+
+
+def decoder_for(row: str, labels: list[str], unigrams: list[str], models: dict, args):
+    opts = {"unigrams": unigrams, "alpha": args.alpha, "beta": args.beta}
+    if row == "kn5-kenlm":
+        import pyctcdecode
+
+        return pyctcdecode.build_ctcdecoder(labels, str(kn5_dir(models) / "model.arpa"), **opts)
+    path = {"kn5-seqlm": kn5_dir, "lstm": lambda m: m["lstm"], "lstm-kn5": mixture_dir}[row](models)
+    return build_ctcdecoder(labels, str(path), **opts)
+
+
+def main() -> None:
+    p = row_parser(__doc__, "greedy,kn5-kenlm,kn5-seqlm,lstm,lstm-kn5", "fp32")
+    p.add_argument("--model", action="append", default=[], help="kn5=DIR or lstm=DIR: use this model")
+    p.add_argument("--utterances", type=int, default=200)
+    p.add_argument("--beam", type=int, default=32)
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--beta", type=float, default=1.0)
+    p.add_argument("--peak", type=float, default=PEAK)
+    p.add_argument("--noise", type=float, default=NOISE)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    models = {"lstm": CHECKPOINTS / "sparse" / "lstm-ptb",
+              **{k: Path(v) for k, v in (m.split("=", 1) for m in args.model)}}
+    refs = [" ".join(line.split()) for line in (ptb_dir() / "test.txt").read_text().splitlines() if line.split()]
+    refs = refs[: args.utterances]
+    vocab = seqlm_kenlm.Model(str(kn5_dir(models))).vocab.itos
+    unigrams = [w for w in vocab if w not in ("<s>", "</s>")]
+    labels = ["", " ", *sorted({c for w in unigrams for c in w} | {c for r in refs for c in r} - {" "})]
+    rng = np.random.default_rng(SEED)
+    logits = [simulate(r, labels, rng, args.peak, args.noise) for r in refs]
+    recipe = {"peak": args.peak, "noise": args.noise, "seed": SEED, "frames_per_char": "1 or 2, then a blank",
+              "beam": args.beam, "alpha": args.alpha, "beta": args.beta, "labels": len(labels)}
+    for row in args.rows.split(","):
+        t = time.perf_counter()
+        if row == "greedy":
+            hyps = [greedy(x, labels) for x in logits]
+        else:
+            decoder = decoder_for(row, labels, unigrams, models, args)
+            t = time.perf_counter()
+            hyps = [decoder.decode(x, beam_width=args.beam) for x in logits]
+        seconds = time.perf_counter() - t
+        wer, cer = error_rates(hyps, refs)
+        result = {"name": row, "wer": wer, "cer": cer, "seconds": seconds, "utterances": len(refs), **recipe}
+        print(result, flush=True)
+        merge_rows("ctc", [result], {"recipe": __doc__.split("\n\n")[1]})
+
+
+if __name__ == "__main__":
+    main()

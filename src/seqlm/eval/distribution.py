@@ -1,0 +1,96 @@
+"""The whole next-word distribution, for many contexts at once, from any model family.
+
+    logp10 = next_distribution(model, [[], [the_id], [the_id, cat_id]])   # (3, V) log10 p(w | <s> h)
+
+An n-gram model answers with array lookups only (no loop over words or contexts): per order, every
+context's back-off is added to all words at once and the n-grams that continue the context overwrite
+their words, which is the ARPA back-off rule for all V words in one pass. A neural model runs its
+`initial_state` / `step` over the histories, those of equal length as one batch. `<s>` is context only:
+its column is -inf, so each row sums to 1 over the predictable words.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from seqlm.eval.perplexity import model_device
+from seqlm.ngram.model import NGramModel
+from seqlm.protocol import LanguageModel
+
+LN10 = math.log(10.0)
+
+
+def next_distribution(model: LanguageModel, histories: Sequence[Sequence[int]]) -> np.ndarray:
+    """(N, V) float64 log10 p(w | <s> history) for each history (word ids read after <s>)."""
+    if isinstance(model, NGramModel):
+        return ngram_distribution(model, histories)
+    V = len(model.vocab)
+    out = np.empty((len(histories), V))  # (N, V)
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, h in enumerate(histories):
+        by_length[len(h)].append(i)
+    for rows in by_length.values():
+        out[rows] = _neural_rows(model, [histories[i] for i in rows])
+    return out
+
+
+@torch.no_grad()
+def _neural_rows(model: LanguageModel, histories: list[Sequence[int]]) -> np.ndarray:
+    """(B, V) log10 distributions after B histories of equal length: one batched step per position."""
+    if hasattr(model, "eval"):
+        model.eval()
+    device = model_device(model)
+    ids = torch.tensor([[model.vocab.bos_id, *h] for h in histories], dtype=torch.long, device=device)  # (B, L+1)
+    state = model.initial_state(len(histories))
+    for t in range(ids.shape[1]):
+        logp, state = model.step(ids[:, t], state)  # (B, V) natural logs
+    logp10 = logp.double().cpu().numpy() / LN10  # (B, V)
+    if model.vocab.bos_id != model.vocab.eos_id:
+        logp10[:, model.vocab.bos_id] = -np.inf
+    return logp10
+
+
+def ngram_distribution(model: NGramModel, histories: Sequence[Sequence[int]]) -> np.ndarray:
+    """next_distribution for an n-gram model: the last N-1 words of <s> + history, vectorised."""
+    n = model.order - 1
+    hist = np.full((len(histories), max(n, 0)), -1, dtype=np.int64)  # (B, N-1) oldest first, -1 = none
+    for i, h in enumerate(histories):
+        words = [model.vocab.bos_id, *h][-n:] if n else []
+        hist[i, n - len(words) :] = words
+    logp = model.log10_distribution(hist)  # (B, V)
+    logp[:, model.vocab.bos_id] = -np.inf
+    return logp
+
+
+def ngram_state_distribution(model: NGramModel, contexts: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """(B, V) log10 distributions after decoder states: contexts[b][k-1] is the id at order k of the
+    context's last k words (seqlm.ngram.query.State.words), so no lookup is needed to find them.
+
+    Per order k: every word gets the back-off of its row's order-k context added, then the (k+1)-grams
+    continuing that context (keys[lo:hi], contiguous in the trie) overwrite their words. This is
+    NGramModel.score_word's walk for all words at once."""
+    B, V, n = len(contexts), len(model.vocab), model.order - 1
+    ctx = np.full((B, max(n, 0)), -1, dtype=np.int64)  # (B, N-1)
+    for b, c in enumerate(contexts):
+        ctx[b, : len(c)] = c
+    logp = np.tile(model.log10_prob[0].astype(np.float64), (B, 1))  # (B, V)
+    for k in range(1, n + 1):
+        c = ctx[:, k - 1]  # (B,) ids at order k
+        backoff = model.log10_backoff[k - 1]
+        logp += np.where(c >= 0, backoff[np.maximum(c, 0)] if len(backoff) else 0.0, 0.0)[:, None]
+        keys = model.keys[k]
+        if len(keys) == 0:
+            continue
+        lo = np.searchsorted(keys, c * V)  # (B,)
+        hi = np.where(c >= 0, np.searchsorted(keys, (c + 1) * V), lo)  # (B,)
+        count = hi - lo  # (B,)
+        rows = np.repeat(np.arange(B), count)  # (E,)
+        entry = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count - lo, count)  # (E,) into order k+1
+        logp[rows, keys[entry] % V] = model.log10_prob[k][entry]
+    logp[:, model.vocab.bos_id] = -np.inf
+    return logp

@@ -1,0 +1,110 @@
+"""Any seqlm model as the language model of pyctcdecode's CTC beam search (`pip install 'seqlm[ctc]'`).
+
+    from seqlm.kenlm.ctc import build_ctcdecoder
+    decoder = build_ctcdecoder(labels, "runs/lstm", alpha=0.5, beta=1.5)   # or an ARPA file, a KN dir
+    text = decoder.decode(logits)                                          # logits (frames, len(labels))
+
+`SeqlmLanguageModel` implements pyctcdecode's AbstractLanguageModel as its kenlm-backed LanguageModel
+does: a finished word scores alpha * ln p(word | history) + beta, plus `unk_score_offset` when the word
+is not among the unigrams (or unknown to the model); a word still being spelled scores
+`unk_score_offset` (longer than AVG_TOKEN_LEN characters: scaled by length) unless some unigram starts
+with it; the last word of a beam also gets ln p(</s>) when `score_boundary`. States are seqlm.kenlm
+States: pyctcdecode caches them per beam prefix, and a neural model steps all newly ended words of the
+beam together when the next frame first needs one (seqlm.kenlm.neural), so W beams cost about one
+batched step of W rows per word.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Collection
+from typing import Any
+
+from seqlm.errors import SeqlmError
+from seqlm.kenlm.model import Model, State
+
+try:
+    from pyctcdecode.alphabet import Alphabet
+    from pyctcdecode.constants import (
+        AVG_TOKEN_LEN,
+        DEFAULT_ALPHA,
+        DEFAULT_BETA,
+        DEFAULT_SCORE_LM_BOUNDARY,
+        DEFAULT_UNK_LOGP_OFFSET,
+    )
+    from pyctcdecode.decoder import BeamSearchDecoderCTC
+    from pyctcdecode.language_model import AbstractLanguageModel
+except ImportError:  # pragma: no cover - depends on the environment
+    raise SeqlmError("seqlm.kenlm.ctc needs pyctcdecode: pip install 'seqlm[ctc]' (or pip install pyctcdecode)"
+                     ) from None
+
+LN10 = math.log(10.0)
+UNBOUNDED_ORDER = 1_000_000  # what `order` says for a model with an unbounded history (prune_history keeps all)
+
+
+class SeqlmLanguageModel(AbstractLanguageModel):
+    """pyctcdecode's language model interface over a seqlm model (a path, or a seqlm.kenlm.Model)."""
+
+    def __init__(self, model: str | Model, unigrams: Collection[str] | None = None, alpha: float = DEFAULT_ALPHA,
+                 beta: float = DEFAULT_BETA, unk_score_offset: float = DEFAULT_UNK_LOGP_OFFSET,
+                 score_boundary: bool = DEFAULT_SCORE_LM_BOUNDARY):
+        self.model = model if isinstance(model, Model) else Model(model)
+        # as pyctcdecode: only unigrams the model knows count; without any, every partial word is penalised
+        self._unigram_set = {w for w in unigrams if w in self.model} if unigrams is not None else set()
+        self._prefixes = sorted(self._unigram_set) if unigrams is not None else None  # bisect stands in for a trie
+        self.alpha, self.beta = alpha, beta
+        self.unk_score_offset, self.score_boundary = unk_score_offset, score_boundary
+
+    @property
+    def order(self) -> int:
+        return self.model.order or UNBOUNDED_ORDER
+
+    def get_start_state(self) -> State:
+        state = State()
+        (self.model.BeginSentenceWrite if self.score_boundary else self.model.NullContextWrite)(state)
+        return state
+
+    def _is_prefix(self, partial: str) -> bool:
+        """Whether some unigram starts with `partial`."""
+        i = bisect_left(self._prefixes, partial)
+        return i < len(self._prefixes) and self._prefixes[i].startswith(partial)
+
+    def score_partial_token(self, partial_token: str) -> float:
+        is_oov = self._prefixes is None or not self._is_prefix(partial_token)
+        score = self.unk_score_offset * is_oov
+        if len(partial_token) > AVG_TOKEN_LEN:  # longer than a typical word: penalised in proportion
+            score = score * len(partial_token) / AVG_TOKEN_LEN
+        return score
+
+    def score(self, prev_state: State, word: str, is_last_word: bool = False) -> tuple[float, State]:
+        end_state = State()
+        lm_score = self.model.BaseScore(prev_state, word, end_state)
+        if (self._unigram_set and word not in self._unigram_set) or word not in self.model:
+            lm_score += self.unk_score_offset
+        if is_last_word and self.score_boundary:  # end_state itself stays extensible
+            lm_score += self.model.BaseScore(end_state, "</s>", State())
+        return self.alpha * lm_score * LN10 + self.beta, end_state
+
+    def reset_params(self, **params: Any) -> None:
+        """Change alpha, beta, unk_score_offset or score_boundary in place (type-checked, as pyctcdecode)."""
+        kinds = {"alpha": float, "beta": float, "unk_score_offset": float, "score_boundary": bool}
+        for name, value in params.items():
+            if name not in kinds:
+                raise ValueError(f"unknown parameter {name!r}; choose from {', '.join(kinds)}")
+            if value is not None:
+                if not isinstance(value, kinds[name]):
+                    raise ValueError(f"{name} must be a {kinds[name].__name__}. Got {type(value)}.")
+                setattr(self, name, value)
+
+
+def build_ctcdecoder(labels: list[str], model: str | Model, unigrams: Collection[str] | None = None,
+                     alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA,
+                     unk_score_offset: float = DEFAULT_UNK_LOGP_OFFSET,
+                     lm_score_boundary: bool = DEFAULT_SCORE_LM_BOUNDARY) -> BeamSearchDecoderCTC:
+    """pyctcdecode.build_ctcdecoder with a seqlm model; the unigrams default to the model's vocabulary
+    (pyctcdecode reads them from an ARPA file's unigram section)."""
+    lm = model if isinstance(model, Model) else Model(model)
+    words = unigrams if unigrams is not None else lm.vocab.itos
+    language_model = SeqlmLanguageModel(lm, words, alpha, beta, unk_score_offset, lm_score_boundary)
+    return BeamSearchDecoderCTC(Alphabet.build_alphabet(labels), language_model)

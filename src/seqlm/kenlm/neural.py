@@ -1,0 +1,190 @@
+"""The kenlm calls on a neural model (any family's `initial_state` / `step`), with batched steps.
+
+A State holds a `Node`: the words read since <s>, and once stepped the model's state after them (one
+row) and the log10 distribution of the next word. BaseScore(in, w, out) reads p(w) off in's
+distribution and makes out a new node that is *pending*: it is stepped only when its own distribution
+is first needed, and then together with every other pending node, in batches of rows whose states have
+the same shapes. A beam decoder that extends W hypotheses by a word and then scores from them pays
+about one batched `step` of W rows per word, not W steps, and never re-reads a history.
+
+What a neural model supports: BeginSentenceWrite, BaseScore, BaseFullScore (ngram_length = the words of
+context used, <s> included, capped by the model's finite context if it has one), score / full_scores /
+perplexity with bos=True (eos either way), `word in model`, next_distribution and State equality (equal
+histories). Not supported: NullContextWrite and bos=False (a neural model has no "no context": every
+family is trained from <s>); they raise SeqlmError. `order` is the model's finite context (FNN order,
+AFP K + 1) or 0 when the history is unbounded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from seqlm.errors import SeqlmError
+from seqlm.kenlm.model import FullScoreReturn, State
+from seqlm.protocol import LanguageModel, context_order
+
+LN10 = math.log(10.0)
+MAX_ROWS = 256  # the most pending nodes stepped in one call
+NO_NULL_CONTEXT = ("a neural model has no null context (it is trained from <s> on): use BeginSentenceWrite "
+                   "and bos=True")
+
+
+class Node:
+    """One history. `state`/`logp` are None until stepped; `parent` is dropped once they are set."""
+
+    __slots__ = ("history", "parent", "token", "state", "logp")
+
+    def __init__(self, history: tuple[int, ...], parent: Node | None, token: int):
+        self.history = history  # word ids read after <s>
+        self.parent = parent  # the node whose state this one continues by reading `token`
+        self.token = token
+        self.state: Any = None  # the model's state after `token`, a batch of one row
+        self.logp: np.ndarray | None = None  # (V,) float64 log10 p of the next word
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Node) and self.history == other.history
+
+    def __hash__(self) -> int:
+        return hash(self.history)
+
+
+def leaves(state: Any) -> list[Tensor]:
+    """The tensors of a (nested tuple / list / dict) state, in a fixed order."""
+    if isinstance(state, Tensor):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [t for s in state for t in leaves(s)]
+    if isinstance(state, dict):
+        return [t for k in sorted(state) for t in leaves(state[k])]
+    return []
+
+
+def rebuild(state: Any, it: Iterator[Tensor]) -> Any:
+    """`state`'s structure with its tensors replaced, in `leaves` order, from `it`."""
+    if isinstance(state, Tensor):
+        return next(it)
+    if isinstance(state, (tuple, list)):
+        return type(state)(rebuild(s, it) for s in state)
+    if isinstance(state, dict):
+        return {k: rebuild(state[k], it) for k in sorted(state)}
+    return state
+
+
+def batch_dims(model: LanguageModel) -> list[int | None]:
+    """For each state tensor, the dimension that holds the batch (LSTM: 1, most: 0), found by comparing
+    the initial states of 1 and 2 rows; None for a tensor without one."""
+    one, two = leaves(model.initial_state(1)), leaves(model.initial_state(2))
+    dims = []
+    for a, b in zip(one, two, strict=True):
+        diff = [d for d, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
+        dims.append(diff[0] if diff else None)
+    return dims
+
+
+def cat_states(states: list[Any], dims: list[int | None]) -> Any:
+    """One batched state from single-row states of equal shapes."""
+    cols = zip(*(leaves(s) for s in states), strict=True)
+    joined = [torch.cat(ts, dim=d) if d is not None else ts[0] for ts, d in zip(cols, dims, strict=True)]
+    return rebuild(states[0], iter(joined))
+
+
+def row_state(state: Any, i: int, dims: list[int | None]) -> Any:
+    """Row i of a batched state, as a batch of one."""
+    ts = [t.narrow(d, i, 1) if d is not None else t for t, d in zip(leaves(state), dims, strict=True)]
+    return rebuild(state, iter(ts))
+
+
+class NeuralScorer:
+    """kenlm's calls for a protocol model; see the module docstring."""
+
+    def __init__(self, model: LanguageModel):
+        if hasattr(model, "eval"):
+            model.eval()
+        self.model, self.vocab = model, model.vocab
+        self.order = context_order(model) or 0
+        self._stoi, self._unk, self._eos = self.vocab.stoi, self.vocab.unk_id, self.vocab.eos_id
+        self._dims = batch_dims(model)
+        start = Node((), None, -1)
+        start.state = model.initial_state(1)
+        self._root = Node((), start, self.vocab.bos_id)  # after <s>: shared by every BeginSentenceWrite
+        self._pending: list[Node] = [self._root]
+
+    def begin(self) -> Node:
+        return self._root
+
+    def null(self) -> Node:
+        raise SeqlmError(NO_NULL_CONTEXT)
+
+    def _child(self, in_state: State, word: str) -> tuple[np.ndarray, Node, int]:
+        """in_state's distribution, the (pending) node after `word`, and the word's id."""
+        node = in_state.words
+        if not isinstance(node, Node):
+            raise SeqlmError("this State has no context: call BeginSentenceWrite on it first")
+        if node.logp is None:
+            self.flush()
+        w = self._stoi.get(word)
+        if w is None:
+            if not isinstance(word, str):
+                raise TypeError(f"Argument 'word' has incorrect type (expected str, got {type(word).__name__})")
+            w = self._unk
+        child = Node(node.history + (w,), node, w)
+        self._pending.append(child)
+        return node.logp, child, w
+
+    def BaseScore(self, in_state: State, word: str, out_state: State) -> float:  # noqa: N802 (kenlm's names)
+        logp, out_state.words, w = self._child(in_state, word)
+        return float(logp[w])
+
+    def BaseFullScore(self, in_state: State, word: str, out_state: State) -> FullScoreReturn:  # noqa: N802
+        logp, out_state.words, w = self._child(in_state, word)
+        length = len(out_state.words.history) + 1  # the words read, <s> included
+        return FullScoreReturn(float(logp[w]), min(length, self.order) if self.order else length, w == self._unk)
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Step every pending node: rows with equal state shapes together, at most MAX_ROWS a call."""
+        nodes, self._pending = self._pending, []
+        groups: dict[tuple, list[Node]] = defaultdict(list)
+        for n in nodes:
+            if n.logp is None:
+                groups[tuple(t.shape for t in leaves(n.parent.state))].append(n)
+        for group in groups.values():
+            for lo in range(0, len(group), MAX_ROWS):
+                self._step(group[lo : lo + MAX_ROWS])
+
+    def _step(self, nodes: list[Node]) -> None:
+        state = cat_states([n.parent.state for n in nodes], self._dims)
+        tokens = torch.tensor([n.token for n in nodes], dtype=torch.long)
+        device = next(iter(leaves(state)), tokens).device
+        logp, state = self.model.step(tokens.to(device), state)  # (B, V) natural logs
+        logp10 = (logp.double() / LN10).cpu().numpy()  # (B, V)
+        for i, n in enumerate(nodes):
+            n.state, n.logp, n.parent = row_state(state, i, self._dims), logp10[i], None
+
+    def full_scores(self, words: list[str], bos: bool, eos: bool) -> Iterator[tuple[float, int, bool]]:
+        """One forward pass over the sentence (seqlm.score_text), the numbers `seqlm score` prints."""
+        from seqlm.api import score_text
+
+        if not bos:
+            raise SeqlmError(NO_NULL_CONTEXT)
+        logp = score_text(self.model, [words])[0]  # log10, </s> last
+        ids = [self._stoi.get(w, self._unk) for w in words]
+        for t, (p, w) in enumerate(zip(logp[: len(words)], ids, strict=True)):
+            yield p, min(t + 2, self.order) if self.order else t + 2, w == self._unk
+        if eos:
+            yield logp[-1], min(len(words) + 2, self.order) if self.order else len(words) + 2, False
+
+    def next_distribution(self, states: list[State]) -> np.ndarray:
+        nodes = [s.words for s in states]
+        if not all(isinstance(n, Node) for n in nodes):
+            raise SeqlmError("a State has no context: call BeginSentenceWrite on it first")
+        if any(n.logp is None for n in nodes):
+            self.flush()
+        return np.stack([n.logp for n in nodes]) if nodes else np.zeros((0, len(self.vocab)))
