@@ -87,7 +87,7 @@ def test_ngram_distribution_from_histories_equals_the_state_version(kn):
 NEURAL = {
     "lstm": LSTMConfig(hidden=8, layers=2),
     "rnn": RNNConfig(hidden=8),
-    "transformer": TransformerConfig(layers=1, d_model=8, heads=2, d_ff=16, context=6, dropout=0.0),
+    "transformer": TransformerConfig(layers=1, hidden=8, heads=2, d_ff=16, context=6, dropout=0.0),
     "fnn": FNNConfig(order=3, embed=4, hidden=8, layers=1),
     "fofe": FOFEConfig(embed=4, hidden=8, layers=1),
     "afp": AFPConfig(iterations=2, hidden=8),
