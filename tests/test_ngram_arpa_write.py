@@ -18,7 +18,7 @@ from seqlm.data.vocab import EOS, Vocab
 from seqlm.models.kn import KNConfig, estimate_kn
 from seqlm.ngram import arpa_write, floattext
 from seqlm.ngram.arpa_write import open_arpa, write_arpa
-from seqlm.ngram.floattext import float32_texts
+from seqlm.ngram.floattext import float32_texts, numpy2_str
 
 
 def reference_arpa(tokens: list[str], keys: list[np.ndarray], probs: list[np.ndarray],
@@ -32,9 +32,9 @@ def reference_arpa(tokens: list[str], keys: list[np.ndarray], probs: list[np.nda
     for k in range(1, order + 1):
         lines = []
         for i, text in enumerate(texts[k - 1]):
-            line = str(np.float32(probs[k - 1][i])) + "\t" + text
+            line = numpy2_str(np.float32(probs[k - 1][i])) + "\t" + text
             if k < order:
-                line += "\t" + str(np.float32(backoffs[k - 1][i]))
+                line += "\t" + numpy2_str(np.float32(backoffs[k - 1][i]))
             lines.append(line)
         out.append(f"\n\\{k}-grams:\n" + "\n".join(lines) + "\n")
     out.append("\n\\end\\\n")
@@ -50,6 +50,14 @@ SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-4, -1e-4, 9.9999e-5, 99999.99,
            1048576.25, 40000.0625, -1.06175423e15, 3.4028235e38, 1e-45, -2.6589744, -99.0, 1.5]
 
 
+def test_numpy2_str_by_hand() -> None:  # numpy 2.4's own texts, written down
+    cases = [(123456.0, "123456.0"), (999999.0, "999999.0"), (1e6, "1e+06"), (1.5e7, "1.5e+07"),
+             (9947626e9, "9.947626e+15"), (-2.5, "-2.5"), (0.0, "0.0"), (-0.0, "-0.0"), (1e-4, "1e-04"),
+             (9.9999e-05, "9.9999e-05"), (float("inf"), "inf"), (float("-inf"), "-inf"), (float("nan"), "nan"),
+             (-0.30103, "-0.30103")]
+    assert [numpy2_str(np.float32(v)) for v, _ in cases] == [t for _, t in cases]
+
+
 def test_float_texts_equal_numpys_str() -> None:
     rng = np.random.default_rng(0)
     bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)  # any float32
@@ -58,7 +66,10 @@ def test_float_texts_equal_numpys_str() -> None:
     log10p = -rng.exponential(2.0, 200_000).astype(np.float32)  # like ARPA values
     ints = np.arange(-1000, 1000, dtype=np.float32)
     for values in (bits, log_uniform, log10p, ints, np.array(SPECIAL, dtype=np.float32)):
-        assert texts_of(values, b"\t", b"\n") == [("\t" + str(v) + "\n").encode() for v in values]
+        # numpy 2's str of a float32, whatever numpy is installed (numpy 1.x goes scientific later)
+        want = [str(v) for v in values] if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else \
+            [numpy2_str(v) for v in values]
+        assert texts_of(values, b"\t", b"\n") == [("\t" + t + "\n").encode() for t in want]
     assert texts_of(np.array([-2.5, 0.0], dtype=np.float32)) == [b"-2.5", b"0.0"]
 
 

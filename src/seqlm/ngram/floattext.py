@@ -52,13 +52,23 @@ def float32_texts(values: np.ndarray, before: bytes = b"", after: bytes = b"") -
     return rows, start, end - start
 
 
+def numpy2_str(v: np.float32) -> str:
+    """str(np.float32(v)) as numpy 2 writes it, whatever numpy is installed (numpy 1.x goes scientific only
+    from 1e16 on, so its texts would change the ARPA bytes): positional from 1e-4 up to 1e6, else scientific."""
+    if not np.isfinite(v):
+        return str(float(v))  # inf, -inf, nan
+    if v == 0 or 1e-4 <= abs(float(v)) < 1e6:
+        return np.format_float_positional(v, unique=True, trim="0")
+    return np.format_float_scientific(v, unique=True, trim="-", exp_digits=2)
+
+
 def _texts(x32: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Fill rows (n, WIDTH) with the texts; their start and end columns."""
     digits, q, fast = shortest_digits(x32)  # (n,) each
     start, end = _positional(digits, q, np.signbit(x32) & fast, rows)
     slow = np.flatnonzero(~fast)
     uniq, which = np.unique(x32[slow], return_inverse=True)  # rare: numpy's own text, once per value
-    texts = [str(v).encode("ascii") for v in uniq]
+    texts = [numpy2_str(v).encode("ascii") for v in uniq]
     if any(len(t) > FALLBACK for t in texts):
         raise ValueError(f"float text longer than the ARPA number field: {max(texts, key=len)!r}")
     table = np.frombuffer(b"".join(t.ljust(FALLBACK) for t in texts), dtype=np.uint8).reshape(-1, FALLBACK)
