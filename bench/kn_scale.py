@@ -44,6 +44,7 @@ from common import merge_rows  # noqa: E402  (stamps provenance at import)
 
 NAME = "kn_scale"
 FRACTIONS = (0.125, 0.25, 0.5)
+BIG_ROWS = ("big-kn5", "big-kn5-prune", "big-kn5-frac", "big-kn5-frac0.125", "big-kn5-frac0.25", "big-kn5-frac0.5")
 
 
 # ---- the worker: one step in a fresh process, JSON on stdout -------------------------------------------
@@ -392,7 +393,7 @@ def main() -> None:
             rows = scaling_rows(tmp, kb)
             merge_rows(NAME, rows)
             print(json.dumps(rows), flush=True)
-        if any(w.startswith("big-") for w in wanted):
+        if any(w in BIG_ROWS for w in wanted):
             from kn_big import big_rows
 
             for row in big_rows(wanted, tmp, kb, int(args.corpus_tokens), args.budget):
