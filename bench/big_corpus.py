@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -257,7 +258,10 @@ def ensure(tokens: int, **kw) -> tuple[Path, dict]:
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         info = build(r, tmp)
         (tmp / "recipe.json").write_text(json.dumps(info, indent=1) + "\n")
-        os.replace(tmp, out)  # whole or absent: a crashed build leaves only a .tmp folder
+        try:
+            os.replace(tmp, out)  # whole or absent: a crashed build leaves only a .tmp folder
+        except OSError:  # another process finished the same recipe first: same bytes, keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
     return out, json.loads(meta.read_text())
 
 

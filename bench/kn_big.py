@@ -45,6 +45,7 @@ def worker_estimate_big(args) -> dict:
     from seqlm.models.kn import KNConfig, estimate_kn
     from seqlm.ngram.binary import write_binary
 
+    base = ks._rss_mb()  # Python, numpy and torch (imported by seqlm) before any work
     t0 = time.perf_counter()
     vocab = build_vocab(args.text)
     stream = encode_file(args.text, vocab)
@@ -52,6 +53,7 @@ def worker_estimate_big(args) -> dict:
     model = estimate_kn(KNConfig(order=int(args.order), memory=args.memory, prune=args.prune or "0"), stream, vocab)
     t2 = time.perf_counter()
     out = {"read_seconds": t1 - t0, "estimate_seconds": t2 - t0, "estimate_peak_rss_mb": ks._rss_mb(),
+           "rss_after_import_mb": base,
            "ngrams": model.sizes}
     t = time.perf_counter()
     model.to_arpa(Path(args.out) / "model.arpa")
@@ -129,6 +131,7 @@ def seqlm_side(train: Path, tmp: Path, name: str, budget: str, prune: str | None
            "estimate_seconds": est["estimate_seconds"], "read_seconds": est["read_seconds"],
            "arpa_write_seconds": est["arpa_write_seconds"], "binary_write_seconds": est["binary_write_seconds"],
            "process_wall_seconds": wall, "peak_rss_mb": rss, "estimate_peak_rss_mb": est["estimate_peak_rss_mb"],
+           "rss_after_import_mb": est["rss_after_import_mb"],
            "tmp_disk_mb": disk.peak_mb, "tmp_tables_disk_mb": tables.peak_mb,
            "ngrams": est["ngrams"],
            "arpa_bytes": (scratch / "out" / "model.arpa").stat().st_size,
