@@ -18,6 +18,8 @@ keeps a peak RSS across exec: a child of this process would report at least this
   every rate the best of 3 passes over the whole test set; one thread.
 `scaling`: GCIDE KN5 on the first 1/8, 1/4, 1/2 of train (1 is row gcide-kn5), seqlm and lmplz.
 `gcide-kn5-memory`: `--memory` at a quarter of gcide-kn5's in-memory peak; the ARPA must be identical.
+`big-kn5`, `big-kn5-prune`, `big-kn5-frac` (or one of big-kn5-frac0.125/0.25/0.5): the 100M-token
+sampled corpus within `--budget`, beside lmplz (bench/kn_big.py; `--corpus-tokens 1e6` to check them).
 Writes bench/results/kn_scale.json and kn_scale.png.
 """
 
@@ -42,6 +44,7 @@ from common import merge_rows  # noqa: E402  (stamps provenance at import)
 
 NAME = "kn_scale"
 FRACTIONS = (0.125, 0.25, 0.5)
+BIG_ROWS = ("big-kn5", "big-kn5-prune", "big-kn5-frac", "big-kn5-frac0.125", "big-kn5-frac0.25", "big-kn5-frac0.5")
 
 
 # ---- the worker: one step in a fresh process, JSON on stdout -------------------------------------------
@@ -351,13 +354,19 @@ def main() -> None:
     p.add_argument("--rows", default="ptb-kn3,ptb-kn5,gcide-kn3,gcide-kn5,gcide-kn5-memory,scaling")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    for opt in ("text", "order", "out", "tmp", "memory", "model"):
+    p.add_argument("--corpus-tokens", type=float, default=100e6, help="big-* rows: training tokens of the "
+                   "sampled corpus (bench/big_corpus.py; e.g. 1e6 to check the rows)")
+    p.add_argument("--budget", default="4G", help="big-* rows: seqlm --memory and lmplz -S (binary units)")
+    for opt in ("text", "order", "out", "tmp", "memory", "model", "prune", "scratch"):
         p.add_argument(f"--{opt}", help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     if args.worker:
         args.order = int(args.order) if args.order else None
-        fn = {"estimate": worker_estimate, "load": worker_load, "kenlm_py": worker_kenlm_py}[args.worker]
+        from kn_big import worker_estimate_big
+
+        fn = {"estimate": worker_estimate, "load": worker_load, "kenlm_py": worker_kenlm_py,
+              "estimate_big": worker_estimate_big}[args.worker]
         print(json.dumps(fn(args)))
         return
     import torch
@@ -384,6 +393,12 @@ def main() -> None:
             rows = scaling_rows(tmp, kb)
             merge_rows(NAME, rows)
             print(json.dumps(rows), flush=True)
+        if any(w in BIG_ROWS for w in wanted):
+            from kn_big import big_rows
+
+            for row in big_rows(wanted, tmp, kb, int(args.corpus_tokens), args.budget):
+                merge_rows(NAME, [row])
+                print(json.dumps(row), flush=True)
     plot()
 
 
