@@ -249,6 +249,13 @@ def _time_curve(history: list[dict]) -> list[dict]:
     return curve
 
 
+def _in_progress(name: str, corpus: str, out: Path, resumed: bool, flags: list[str], args, extra: dict) -> dict:
+    """The row of a full-corpus run that has not finished its epochs: how far it got, and its curve so far."""
+    return {"name": name, "corpus": corpus, "in_progress": True, "finished": False, "resumed": resumed,
+            "time_curve": _time_curve(run_status(out)["history"]), "flags": flags, "threads": args.threads,
+            "recipe": extra["recipe"]}
+
+
 def _all_data(corpus: str, min_count: int | None = None):
     """The whole training, valid and test splits (the full-corpus recipe)."""
     root = resolve_corpus(corpus)
@@ -273,13 +280,15 @@ def run_all_lstm(name: str, corpus: str, flags: list[str], args, extra: dict) ->
             break
         if args.session_minutes and time.time() - t0 >= args.session_minutes * 60:
             print(f"{name}: stopped after --session-minutes; run the same command again to continue", flush=True)
-            return {"name": name, "corpus": corpus, "in_progress": True, "finished": False, "resumed": resumed,
-                    "time_curve": _time_curve(status["history"]), "flags": flags, "threads": args.threads,
-                    "recipe": extra["recipe"]}
+            return _in_progress(name, corpus, out, resumed, flags, args, extra)
         model = new_model("lstm", cfg, vocab)
         model.data_config = data_cfg
-        family("lstm").train(model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg),
-                             status["started"])
+        try:
+            family("lstm").train(model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg),
+                                 status["started"])
+        except SystemExit:  # SIGTERM/SIGINT: the state is saved; record this invocation before leaving
+            merge_rows("sparse", [_in_progress(name, corpus, out, resumed, flags, args, extra)])
+            raise
     row = _lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra, resumed)
     history = run_status(out)["history"]
     row["time_curve"] = _time_curve(history)
