@@ -1,0 +1,269 @@
+// seqlm.ngram.scalar's per-token loop in C: the same probe and back-off walk as ScalarScorer.score
+// (scalar.py, the reference it is tested against), without the interpreter's cost per step.
+// Built on first use by torch.utils.cpp_extension (scalar.py); plain CPython API, no torch headers.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#define MAX_ORDERS 63  // orders above the unigrams (NGramModel allows N <= 64)
+
+typedef struct {
+    const int64_t *keys;  // (M,) sorted trie keys of this order
+    const float *probs;   // (M,) log10 p
+    const float *backoff; // back-off of the order below (the context's)
+    const void *slots;    // hash slots (index.py), int32 or int64
+    Py_ssize_t nkeys, nbackoff, nslots;
+    int slot64, shift;
+    uint64_t mask;
+} Order;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t V;
+    int n, cut;            // orders above the unigrams (N-1); a state keeps at most `cut` ids
+    const float *unigram;  // (V,)
+    PyObject *stoi;        // word -> id (BaseScore)
+    long unk;
+    PyObject *owners;      // the arrays the pointers point into, kept alive
+    Order ord[MAX_ORDERS];
+} Scorer;
+
+static PyObject *WORDS;  // interned "words": the State attribute
+
+static const void *buffer_of(PyObject *a, Py_ssize_t itemsize, Py_ssize_t *count) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const void *p = view.buf;
+    *count = view.len / itemsize;
+    PyBuffer_Release(&view);  // `owners` keeps the array (and so its memory) alive
+    return p;
+}
+
+static int Scorer_init(Scorer *self, PyObject *args, PyObject *kw) {
+    // Scorer(V, cut, unigram f4, orders [(keys i8, probs f4, backoff f4, slots, slot itemsize, bits)], stoi, unk)
+    long long V;
+    PyObject *unigram, *orders, *stoi;
+    if (!PyArg_ParseTuple(args, "LiOO!O!l", &V, &self->cut, &unigram, &PyList_Type, &orders, &PyDict_Type, &stoi,
+                          &self->unk))
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(orders), count;
+    if (n > MAX_ORDERS) { PyErr_SetString(PyExc_ValueError, "too many orders"); return -1; }
+    self->V = V;
+    self->n = (int)n;
+    Py_INCREF(stoi);
+    Py_XSETREF(self->stoi, stoi);
+    Py_XSETREF(self->owners, PyList_New(0));
+    if (!self->owners || PyList_Append(self->owners, unigram) < 0) return -1;
+    if (!(self->unigram = (const float *)buffer_of(unigram, 4, &count))) return -1;
+    if (count != V) { PyErr_SetString(PyExc_ValueError, "unigram size"); return -1; }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *keys, *probs, *backoff, *slots;
+        int itemsize, bits;
+        Order *o = &self->ord[k];
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(orders, k), "OOOOii", &keys, &probs, &backoff, &slots, &itemsize,
+                              &bits))
+            return -1;
+        Py_ssize_t nprobs;
+        if (!(o->keys = (const int64_t *)buffer_of(keys, 8, &o->nkeys))) return -1;
+        if (!(o->probs = (const float *)buffer_of(probs, 4, &nprobs))) return -1;
+        if (!(o->backoff = (const float *)buffer_of(backoff, 4, &o->nbackoff))) return -1;
+        if (!(o->slots = buffer_of(slots, itemsize, &o->nslots))) return -1;
+        if (nprobs != o->nkeys || (itemsize != 4 && itemsize != 8) || bits < 1 || bits > 63) {
+            PyErr_SetString(PyExc_ValueError, "inconsistent n-gram tables");
+            return -1;
+        }
+        o->slot64 = itemsize == 8;
+        o->shift = 64 - bits;
+        o->mask = ((uint64_t)1 << bits) - 1;
+        PyObject *four = PyTuple_Pack(4, keys, probs, backoff, slots);
+        if (!four || PyList_Append(self->owners, four) < 0) { Py_XDECREF(four); return -1; }
+        Py_DECREF(four);
+    }
+    return 0;
+}
+
+static void Scorer_dealloc(Scorer *self) {
+    Py_XDECREF(self->stoi);
+    Py_XDECREF(self->owners);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static inline int64_t slot_at(const Order *o, uint64_t pos) {
+    return o->slot64 ? ((const int64_t *)o->slots)[pos] : ((const int32_t *)o->slots)[pos];
+}
+
+// The id of key q among o's keys, its probe begun at `pos` holding `hit`; -1 if absent (or the table is corrupt).
+static inline int64_t probe(const Order *o, int64_t q, uint64_t pos, int64_t hit) {
+    for (;;) {
+        if (hit < 0 || hit >= o->nkeys) return -1;
+        if (o->keys[hit] == q) return hit;
+        if ((Py_ssize_t)++pos >= o->nslots) return -1;
+        hit = slot_at(o, pos);
+    }
+}
+
+// One token: log10 p and matched length; after[] receives the context after it, *m its length.
+// The orders' probes do not depend on each other (each needs only its own context id), so their
+// memory reads are issued together in rounds: home slots, then keys and values, then the walk.
+static int step(Scorer *s, const int64_t *ctx, int nctx, int64_t word, double *logp, int *length, int64_t *after,
+                int *m) {
+    uint64_t pos[MAX_ORDERS];
+    int64_t hit[MAX_ORDERS];
+    int k;
+    if (word < 0 || word >= s->V) { PyErr_SetString(PyExc_IndexError, "word id out of range"); return -1; }
+    if (nctx > s->n) nctx = s->n;
+    for (k = 0; k < nctx; k++) {
+        const Order *o = &s->ord[k];
+        if (ctx[k] < 0) continue;
+        if (ctx[k] >= o->nbackoff) { PyErr_SetString(PyExc_IndexError, "context id out of range"); return -1; }
+        pos[k] = (((uint64_t)(ctx[k] * s->V + word) * 0x9E3779B97F4A7C15ULL) >> o->shift) & o->mask;
+        __builtin_prefetch(o->slot64 ? (const void *)((const int64_t *)o->slots + pos[k])
+                                     : (const void *)((const int32_t *)o->slots + pos[k]));
+    }
+    for (k = 0; k < nctx; k++) {
+        const Order *o = &s->ord[k];
+        if (ctx[k] < 0) continue;
+        hit[k] = pos[k] < (uint64_t)o->nslots ? slot_at(o, pos[k]) : -1;
+        if (hit[k] >= 0 && hit[k] < o->nkeys) {
+            __builtin_prefetch(o->keys + hit[k]);
+            __builtin_prefetch(o->probs + hit[k]);
+        }
+        __builtin_prefetch(o->backoff + ctx[k]);
+    }
+    double lp = s->unigram[word];
+    int len = 1;
+    after[0] = word;
+    for (k = 0; k < nctx; k++) {
+        const Order *o = &s->ord[k];
+        int64_t c = ctx[k], h = -1;
+        if (c >= 0) {
+            h = probe(o, c * s->V + word, pos[k], hit[k]);
+            if (h >= 0) { lp = o->probs[h]; len = k + 2; }
+            else lp += o->backoff[c];
+        }
+        after[k + 1] = h;
+    }
+    *logp = lp;
+    *length = len;
+    *m = len < s->cut ? len : s->cut;
+    return 0;
+}
+
+static int read_context(PyObject *t, int64_t *ctx, int *n, int limit) {
+    if (!PyTuple_Check(t)) { PyErr_SetString(PyExc_TypeError, "a state's words must be a tuple"); return -1; }
+    Py_ssize_t len = PyTuple_GET_SIZE(t);
+    *n = (int)(len < limit ? len : limit);
+    for (int i = 0; i < *n; i++) {
+        ctx[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+        if (ctx[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static PyObject *make_context(const int64_t *after, int m) {
+    PyObject *t = PyTuple_New(m);
+    for (int i = 0; t && i < m; i++) {
+        PyObject *v = PyLong_FromLongLong(after[i]);
+        if (!v) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+static PyObject *Scorer_score(Scorer *self, PyObject *args) {
+    PyObject *context;
+    long long word;
+    int64_t ctx[MAX_ORDERS + 1], after[MAX_ORDERS + 1];
+    int n, length, m;
+    double logp;
+    if (!PyArg_ParseTuple(args, "OL", &context, &word) || read_context(context, ctx, &n, self->n) < 0) return NULL;
+    if (step(self, ctx, n, word, &logp, &length, after, &m) < 0) return NULL;
+    PyObject *out = make_context(after, m);
+    return out ? Py_BuildValue("(diN)", logp, length, out) : NULL;
+}
+
+static PyObject *Scorer_walk(Scorer *self, PyObject *args) {
+    // walk(context, ids list) -> (log10 p list, length list, context after the last id)
+    PyObject *context, *ids, *out;
+    int64_t ctx[MAX_ORDERS + 1], after[MAX_ORDERS + 1];
+    int n, length, m;
+    double logp;
+    if (!PyArg_ParseTuple(args, "OO!", &context, &PyList_Type, &ids) || read_context(context, ctx, &n, self->n) < 0)
+        return NULL;
+    Py_ssize_t T = PyList_GET_SIZE(ids);
+    PyObject *probs = PyList_New(T), *lengths = PyList_New(T);
+    if (!probs || !lengths) goto fail;
+    for (Py_ssize_t t = 0; t < T; t++) {
+        long long w = PyLong_AsLongLong(PyList_GET_ITEM(ids, t));
+        if (w == -1 && PyErr_Occurred()) goto fail;
+        if (step(self, ctx, n, w, &logp, &length, after, &m) < 0) goto fail;
+        PyList_SET_ITEM(probs, t, PyFloat_FromDouble(logp));
+        PyList_SET_ITEM(lengths, t, PyLong_FromLong(length));
+        for (int i = 0; i < m; i++) ctx[i] = after[i];
+        n = m;
+    }
+    out = make_context(ctx, n);
+    if (!out) goto fail;
+    return Py_BuildValue("(NNN)", probs, lengths, out);
+fail:
+    Py_XDECREF(probs);
+    Py_XDECREF(lengths);
+    return NULL;
+}
+
+static PyObject *Scorer_base_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs) {
+    // kenlm's BaseScore(in_state, word, out_state) entire: the word looked up, out_state.words set
+    int64_t ctx[MAX_ORDERS + 1], after[MAX_ORDERS + 1];
+    int n, length, m;
+    double logp;
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "BaseScore takes in_state, word, out_state"); return NULL; }
+    PyObject *id = PyDict_GetItemWithError(self->stoi, args[1]);
+    long long w = self->unk;
+    if (id) {
+        w = PyLong_AsLongLong(id);
+    } else if (PyErr_Occurred()) {
+        return NULL;
+    } else if (!PyUnicode_Check(args[1])) {
+        PyErr_Format(PyExc_TypeError, "Argument 'word' has incorrect type (expected str, got %s)",
+                     Py_TYPE(args[1])->tp_name);
+        return NULL;
+    }
+    PyObject *words = PyObject_GetAttr(args[0], WORDS);
+    if (!words) return NULL;
+    int bad = read_context(words, ctx, &n, self->n);
+    Py_DECREF(words);
+    if (bad < 0 || step(self, ctx, n, w, &logp, &length, after, &m) < 0) return NULL;
+    PyObject *out = make_context(after, m);
+    if (!out) return NULL;
+    bad = PyObject_SetAttr(args[2], WORDS, out);
+    Py_DECREF(out);
+    return bad < 0 ? NULL : PyFloat_FromDouble(logp);
+}
+
+static PyMethodDef Scorer_methods[] = {
+    {"score", (PyCFunction)Scorer_score, METH_VARARGS, "score(context, word) -> (log10 p, length, context after)"},
+    {"walk", (PyCFunction)Scorer_walk, METH_VARARGS, "walk(context, ids) -> (log10 p list, lengths, context after)"},
+    {"base_score", (PyCFunction)(void (*)(void))Scorer_base_score, METH_FASTCALL, "kenlm's BaseScore"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ScorerType = {
+    PyVarObject_HEAD_INIT(NULL, 0) "_seqlm_scalar.Scorer", sizeof(Scorer), 0,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_seqlm_scalar", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__seqlm_scalar(void) {
+    ScorerType.tp_flags = Py_TPFLAGS_DEFAULT;
+    ScorerType.tp_new = PyType_GenericNew;
+    ScorerType.tp_init = (initproc)Scorer_init;
+    ScorerType.tp_dealloc = (destructor)Scorer_dealloc;
+    ScorerType.tp_methods = Scorer_methods;
+    if (PyType_Ready(&ScorerType) < 0) return NULL;
+    WORDS = PyUnicode_InternFromString("words");
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&ScorerType);
+    if (PyModule_AddObject(m, "Scorer", (PyObject *)&ScorerType) < 0) return NULL;
+    return m;
+}

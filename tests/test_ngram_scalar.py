@@ -1,0 +1,91 @@
+"""The per-call scorer (seqlm.ngram.scalar): compiled and Python loops against NGramModel.score_word.
+
+References: score_word (the readable walk) on the KenLM oracle's models, pruned ones included (their
+n-grams need not have every suffix listed), loaded from ARPA (slot tables built by the scorer) and from
+the binary format (its own int32 slot tables); every (context, word) a random walk reaches, plus
+contexts with unlisted (-1) entries. The compiled scorer must build here (a C++ compiler and ninja);
+outside CI a machine without them skips those cases, the Python loop is still checked.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from seqlm.ngram import NGramModel
+from seqlm.ngram.binary import read_binary, write_binary
+from seqlm.ngram.scalar import ScalarScorer, _extension, scalar_scorer, tables
+from test_kn import ORACLE, needs_oracle
+
+MODELS = ["kn3", "kn5", "kn3-prune01", "kn5-prune00112"]
+
+
+class State:
+    __slots__ = ("words",)
+
+    def __init__(self, words: tuple[int, ...] = ()):
+        self.words = words
+
+
+def _scorers(model: NGramModel) -> list:
+    stoi, unk = model.vocab.stoi, model.vocab.unk_id
+    out = [ScalarScorer(len(model.vocab), model.order - 1, *tables(model), stoi, unk)]
+    if _extension() is not None:
+        out.append(scalar_scorer(model, stoi, unk))
+    elif os.environ.get("CI"):
+        raise AssertionError("the compiled scorer did not build")
+    return out
+
+
+def _contexts(model: NGramModel, rng: random.Random, n: int) -> list[tuple[int, ...]]:
+    """Contexts a walk over random words reaches, and some with entries knocked out to -1."""
+    out, context = [], (model.vocab.bos_id,)
+    for _ in range(n):
+        w = rng.randrange(len(model.vocab) if rng.random() < 0.3 else min(50, len(model.vocab)))  # frequent ids low
+        out.append(context)
+        _, _, context = model.score_word(context, w)
+        if rng.random() < 0.1:
+            context = (model.vocab.bos_id,)
+        if rng.random() < 0.1 and len(context) > 1:
+            out.append(tuple(-1 if rng.random() < 0.5 else c for c in context))
+    return out + [()]
+
+
+@needs_oracle
+@pytest.mark.parametrize("source", ["arpa", "binary"])
+@pytest.mark.parametrize("name", MODELS)
+def test_scorers_equal_score_word(name: str, source: str, tmp_path) -> None:
+    model = NGramModel.from_arpa(ORACLE / f"{name}.arpa.gz")
+    if source == "binary":
+        write_binary(model, tmp_path / "m.bin")
+        model = read_binary(tmp_path / "m.bin")
+    rng = random.Random(0)
+    contexts = _contexts(model, rng, 400)
+    words = [rng.randrange(len(model.vocab)) for _ in range(len(contexts))]
+    for scorer in _scorers(model):
+        for context, w in zip(contexts, words, strict=True):
+            assert scorer.score(context, w) == model.score_word(context, w), (type(scorer), context, w)
+        probs, lengths, after = scorer.walk((model.vocab.bos_id,), words)  # a whole sentence at once
+        context = (model.vocab.bos_id,)
+        for w, p, n in zip(words, probs, lengths, strict=True):
+            logp, length, context = model.score_word(context, w)
+            assert (p, n) == (logp, length)
+        assert after == context
+
+
+@needs_oracle
+def test_base_score_sets_the_state_and_refuses_non_strings() -> None:
+    model = NGramModel.from_arpa(ORACLE / "kn3.arpa.gz")
+    word = model.vocab.itos[10]
+    for scorer in _scorers(model):
+        start, out = State((model.vocab.bos_id,)), State()
+        assert scorer.base_score(start, word, out) == model.score_word(start.words, 10)[0]
+        assert out.words == model.score_word(start.words, 10)[2]
+        assert scorer.base_score(out, "no-such-word", out) == model.score_word(
+            model.score_word(start.words, 10)[2], model.vocab.unk_id)[0]  # unknown: <unk>, in place
+        with pytest.raises(TypeError, match="expected str"):
+            scorer.base_score(start, 3, out)
+        with pytest.raises(IndexError):
+            scorer.score((), len(model.vocab))
