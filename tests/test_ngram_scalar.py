@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import random
 
+import numpy as np
 import pytest
 
 from seqlm.ngram import NGramModel
 from seqlm.ngram.binary import read_binary, write_binary
+from seqlm.ngram.query import compiled_stream, score_stream
 from seqlm.ngram.scalar import ScalarScorer, _extension, scalar_scorer, tables
 from test_kn import ORACLE, needs_oracle
 
@@ -39,18 +41,21 @@ def _scorers(model: NGramModel) -> list:
     return out
 
 
-def _contexts(model: NGramModel, rng: random.Random, n: int) -> list[tuple[int, ...]]:
-    """Contexts a walk over random words reaches, and some with entries knocked out to -1."""
-    out, context = [], (model.vocab.bos_id,)
-    for _ in range(n):
-        w = rng.randrange(len(model.vocab) if rng.random() < 0.3 else min(50, len(model.vocab)))  # frequent ids low
-        out.append(context)
-        _, _, context = model.score_word(context, w)
+def _walk(model: NGramModel, rng: random.Random, n: int) -> tuple[list[tuple[int, ...]], list[int]]:
+    """(context, word) pairs of a walk over the oracle's training text, so that long n-grams match and
+    miss at every order, with some random words and contexts with entries knocked out to -1."""
+    text = (ORACLE / "train.txt").read_text().split()
+    start = rng.randrange(len(text) - n)
+    words = [model.vocab.stoi.get(w, model.vocab.unk_id) for w in text[start:start + n]]
+    contexts, context = [], (model.vocab.bos_id,)
+    for i, w in enumerate(words):
         if rng.random() < 0.1:
-            context = (model.vocab.bos_id,)
+            words[i] = w = rng.randrange(len(model.vocab))
         if rng.random() < 0.1 and len(context) > 1:
-            out.append(tuple(-1 if rng.random() < 0.5 else c for c in context))
-    return out + [()]
+            context = tuple(-1 if rng.random() < 0.5 else c for c in context)
+        contexts.append(context)
+        _, _, context = model.score_word(context, w)
+    return contexts + [()], words + [model.vocab.eos_id]
 
 
 @needs_oracle
@@ -61,9 +66,7 @@ def test_scorers_equal_score_word(name: str, source: str, tmp_path) -> None:
     if source == "binary":
         write_binary(model, tmp_path / "m.bin")
         model = read_binary(tmp_path / "m.bin")
-    rng = random.Random(0)
-    contexts = _contexts(model, rng, 400)
-    words = [rng.randrange(len(model.vocab)) for _ in range(len(contexts))]
+    contexts, words = _walk(model, random.Random(0), 1000)
     for scorer in _scorers(model):
         for context, w in zip(contexts, words, strict=True):
             assert scorer.score(context, w) == model.score_word(context, w), (type(scorer), context, w)
@@ -89,3 +92,18 @@ def test_base_score_sets_the_state_and_refuses_non_strings() -> None:
             scorer.base_score(start, 3, out)
         with pytest.raises(IndexError):
             scorer.score((), len(model.vocab))
+
+
+@needs_oracle
+@pytest.mark.parametrize("name", ["kn5", "kn5-prune00112"])
+def test_stream_equals_the_array_walk(name: str) -> None:
+    """score_corpus's compiled walk (several sentences side by side) against NGramModel.walk, exactly."""
+    model = NGramModel.from_arpa(ORACLE / f"{name}.arpa.gz")
+    rng = random.Random(1)
+    lengths = [rng.choice([0, 1, 2, 5, 9, 30]) for _ in range(150)]  # empty sentences too
+    ids = np.array(_walk(model, rng, sum(lengths))[1][:-1], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    expected = score_stream(model, ids, starts)
+    for scorer in _scorers(model):
+        got = compiled_stream(scorer, ids, starts, model.vocab.bos_id)
+        assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]), type(scorer)

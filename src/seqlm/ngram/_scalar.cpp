@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #define MAX_ORDERS 63  // orders above the unigrams (NGramModel allows N <= 64)
+#define LANES 16       // sentences `stream` walks side by side, so that their cache misses overlap
 
 typedef struct {
     const int64_t *keys;  // (M,) sorted trie keys of this order
@@ -102,42 +103,57 @@ static inline int64_t probe(const Order *o, int64_t q, uint64_t pos, int64_t hit
     }
 }
 
-// One token: log10 p and matched length; after[] receives the context after it, *m its length.
-// The orders' probes do not depend on each other (each needs only its own context id), so their
-// memory reads are issued together in rounds: home slots, then keys and values, then the walk.
-static int step(Scorer *s, const int64_t *ctx, int nctx, int64_t word, double *logp, int *length, int64_t *after,
-                int *m) {
+// One token in flight: the word, its context (ids at orders 1..n) and its probes. The orders' probes do
+// not depend on each other (each needs only its own context id), so a token's memory reads are issued in
+// rounds (begin: home slots; gather: keys, values, back-offs; finish: the walk), and `stream` runs the
+// rounds over several sentences at once, so that their cache misses overlap.
+typedef struct {
+    int64_t word, ctx[MAX_ORDERS + 1];
+    int n;
     uint64_t pos[MAX_ORDERS];
     int64_t hit[MAX_ORDERS];
-    int k;
-    if (word < 0 || word >= s->V) { PyErr_SetString(PyExc_IndexError, "word id out of range"); return -1; }
-    if (nctx > s->n) nctx = s->n;
-    for (k = 0; k < nctx; k++) {
+} Token;
+
+static int begin(const Scorer *s, Token *x) {
+    if (x->word < 0 || x->word >= s->V) { PyErr_SetString(PyExc_IndexError, "word id out of range"); return -1; }
+    if (x->n > s->n) x->n = s->n;
+    __builtin_prefetch(s->unigram + x->word);
+    for (int k = 0; k < x->n; k++) {
         const Order *o = &s->ord[k];
-        if (ctx[k] < 0) continue;
-        if (ctx[k] >= o->nbackoff) { PyErr_SetString(PyExc_IndexError, "context id out of range"); return -1; }
-        pos[k] = (((uint64_t)(ctx[k] * s->V + word) * 0x9E3779B97F4A7C15ULL) >> o->shift) & o->mask;
-        __builtin_prefetch(o->slot64 ? (const void *)((const int64_t *)o->slots + pos[k])
-                                     : (const void *)((const int32_t *)o->slots + pos[k]));
+        int64_t c = x->ctx[k];
+        if (c < 0) continue;
+        if (c >= o->nbackoff) { PyErr_SetString(PyExc_IndexError, "context id out of range"); return -1; }
+        x->pos[k] = (((uint64_t)(c * s->V + x->word) * 0x9E3779B97F4A7C15ULL) >> o->shift) & o->mask;
+        __builtin_prefetch(o->slot64 ? (const void *)((const int64_t *)o->slots + x->pos[k])
+                                     : (const void *)((const int32_t *)o->slots + x->pos[k]));
     }
-    for (k = 0; k < nctx; k++) {
+    return 0;
+}
+
+static void gather(const Scorer *s, Token *x) {
+    for (int k = 0; k < x->n; k++) {
         const Order *o = &s->ord[k];
-        if (ctx[k] < 0) continue;
-        hit[k] = pos[k] < (uint64_t)o->nslots ? slot_at(o, pos[k]) : -1;
-        if (hit[k] >= 0 && hit[k] < o->nkeys) {
-            __builtin_prefetch(o->keys + hit[k]);
-            __builtin_prefetch(o->probs + hit[k]);
+        if (x->ctx[k] < 0) continue;
+        int64_t h = x->hit[k] = x->pos[k] < (uint64_t)o->nslots ? slot_at(o, x->pos[k]) : -1;
+        if (h >= 0 && h < o->nkeys) {
+            __builtin_prefetch(o->keys + h);
+            __builtin_prefetch(o->probs + h);
         }
-        __builtin_prefetch(o->backoff + ctx[k]);
+        __builtin_prefetch(o->backoff + x->ctx[k]);
     }
-    double lp = s->unigram[word];
+}
+
+// log10 p and the matched length; x->ctx becomes the context after the word (cut to the matched length).
+static void finish(const Scorer *s, Token *x, double *logp, int *length) {
+    int64_t after[MAX_ORDERS + 1];
+    double lp = s->unigram[x->word];
     int len = 1;
-    after[0] = word;
-    for (k = 0; k < nctx; k++) {
+    after[0] = x->word;
+    for (int k = 0; k < x->n; k++) {
         const Order *o = &s->ord[k];
-        int64_t c = ctx[k], h = -1;
+        int64_t c = x->ctx[k], h = -1;
         if (c >= 0) {
-            h = probe(o, c * s->V + word, pos[k], hit[k]);
+            h = probe(o, c * s->V + x->word, x->pos[k], x->hit[k]);
             if (h >= 0) { lp = o->probs[h]; len = k + 2; }
             else lp += o->backoff[c];
         }
@@ -145,7 +161,14 @@ static int step(Scorer *s, const int64_t *ctx, int nctx, int64_t word, double *l
     }
     *logp = lp;
     *length = len;
-    *m = len < s->cut ? len : s->cut;
+    x->n = len < s->cut ? len : s->cut;
+    for (int i = 0; i < x->n; i++) x->ctx[i] = after[i];
+}
+
+static int step(const Scorer *s, Token *x, double *logp, int *length) {
+    if (begin(s, x) < 0) return -1;
+    gather(s, x);
+    finish(s, x, logp, length);
     return 0;
 }
 
@@ -170,39 +193,39 @@ static PyObject *make_context(const int64_t *after, int m) {
     return t;
 }
 
+
 static PyObject *Scorer_score(Scorer *self, PyObject *args) {
     PyObject *context;
     long long word;
-    int64_t ctx[MAX_ORDERS + 1], after[MAX_ORDERS + 1];
-    int n, length, m;
+    Token x;
+    int length;
     double logp;
-    if (!PyArg_ParseTuple(args, "OL", &context, &word) || read_context(context, ctx, &n, self->n) < 0) return NULL;
-    if (step(self, ctx, n, word, &logp, &length, after, &m) < 0) return NULL;
-    PyObject *out = make_context(after, m);
+    if (!PyArg_ParseTuple(args, "OL", &context, &word) || read_context(context, x.ctx, &x.n, self->n) < 0) return NULL;
+    x.word = word;
+    if (step(self, &x, &logp, &length) < 0) return NULL;
+    PyObject *out = make_context(x.ctx, x.n);
     return out ? Py_BuildValue("(diN)", logp, length, out) : NULL;
 }
 
 static PyObject *Scorer_walk(Scorer *self, PyObject *args) {
     // walk(context, ids list) -> (log10 p list, length list, context after the last id)
     PyObject *context, *ids, *out;
-    int64_t ctx[MAX_ORDERS + 1], after[MAX_ORDERS + 1];
-    int n, length, m;
+    Token x;
+    int length;
     double logp;
-    if (!PyArg_ParseTuple(args, "OO!", &context, &PyList_Type, &ids) || read_context(context, ctx, &n, self->n) < 0)
+    if (!PyArg_ParseTuple(args, "OO!", &context, &PyList_Type, &ids) || read_context(context, x.ctx, &x.n, self->n) < 0)
         return NULL;
     Py_ssize_t T = PyList_GET_SIZE(ids);
     PyObject *probs = PyList_New(T), *lengths = PyList_New(T);
     if (!probs || !lengths) goto fail;
     for (Py_ssize_t t = 0; t < T; t++) {
-        long long w = PyLong_AsLongLong(PyList_GET_ITEM(ids, t));
-        if (w == -1 && PyErr_Occurred()) goto fail;
-        if (step(self, ctx, n, w, &logp, &length, after, &m) < 0) goto fail;
+        x.word = PyLong_AsLongLong(PyList_GET_ITEM(ids, t));
+        if (x.word == -1 && PyErr_Occurred()) goto fail;
+        if (step(self, &x, &logp, &length) < 0) goto fail;
         PyList_SET_ITEM(probs, t, PyFloat_FromDouble(logp));
         PyList_SET_ITEM(lengths, t, PyLong_FromLong(length));
-        for (int i = 0; i < m; i++) ctx[i] = after[i];
-        n = m;
     }
-    out = make_context(ctx, n);
+    out = make_context(x.ctx, x.n);
     if (!out) goto fail;
     return Py_BuildValue("(NNN)", probs, lengths, out);
 fail:
@@ -213,14 +236,14 @@ fail:
 
 static PyObject *Scorer_base_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs) {
     // kenlm's BaseScore(in_state, word, out_state) entire: the word looked up, out_state.words set
-    int64_t ctx[MAX_ORDERS + 1], after[MAX_ORDERS + 1];
-    int n, length, m;
+    Token x;
+    int length;
     double logp;
     if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "BaseScore takes in_state, word, out_state"); return NULL; }
     PyObject *id = PyDict_GetItemWithError(self->stoi, args[1]);
-    long long w = self->unk;
+    x.word = self->unk;
     if (id) {
-        w = PyLong_AsLongLong(id);
+        if ((x.word = PyLong_AsLongLong(id)) == -1 && PyErr_Occurred()) return NULL;
     } else if (PyErr_Occurred()) {
         return NULL;
     } else if (!PyUnicode_Check(args[1])) {
@@ -230,19 +253,79 @@ static PyObject *Scorer_base_score(Scorer *self, PyObject *const *args, Py_ssize
     }
     PyObject *words = PyObject_GetAttr(args[0], WORDS);
     if (!words) return NULL;
-    int bad = read_context(words, ctx, &n, self->n);
+    int bad = read_context(words, x.ctx, &x.n, self->n);
     Py_DECREF(words);
-    if (bad < 0 || step(self, ctx, n, w, &logp, &length, after, &m) < 0) return NULL;
-    PyObject *out = make_context(after, m);
+    if (bad < 0 || step(self, &x, &logp, &length) < 0) return NULL;
+    PyObject *out = make_context(x.ctx, x.n);
     if (!out) return NULL;
     bad = PyObject_SetAttr(args[2], WORDS, out);
     Py_DECREF(out);
     return bad < 0 ? NULL : PyFloat_FromDouble(logp);
 }
 
+// The sentences of a stream walked LANES at a time (lane g takes those starting in [g T, (g + 1) T) / LANES),
+// each round advancing every lane by one token: begin all, gather all, finish all.
+static int walk_lanes(const Scorer *s, const int64_t *ids, const uint8_t *starts, Py_ssize_t T, int64_t bos,
+                      double *logp, int64_t *lengths) {
+    Token lane[LANES];
+    Py_ssize_t at[LANES], end[LANES];
+    for (int g = 0; g < LANES; g++) {
+        Py_ssize_t t = T * g / LANES;
+        while (g > 0 && t < T && !starts[t]) t++;
+        at[g] = t;
+        lane[g].n = 0;
+        if (g > 0) end[g - 1] = t;
+    }
+    end[LANES - 1] = T;
+    for (int busy = 1; busy;) {
+        busy = 0;
+        for (int g = 0; g < LANES; g++) {
+            if (at[g] >= end[g]) continue;
+            Token *x = &lane[g];
+            if (starts[at[g]]) { x->ctx[0] = bos; x->n = 1; }
+            x->word = ids[at[g]];
+            if (begin(s, x) < 0) return -1;
+        }
+        for (int g = 0; g < LANES; g++)
+            if (at[g] < end[g]) gather(s, &lane[g]);
+        for (int g = 0; g < LANES; g++) {
+            if (at[g] >= end[g]) continue;
+            int length;
+            finish(s, &lane[g], &logp[at[g]], &length);
+            lengths[at[g]++] = length;
+            busy = 1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *Scorer_stream(Scorer *self, PyObject *args) {
+    // stream(ids i8 (N,), starts u1 (N,), bos, logp f8 (N,) out, length i8 (N,) out): sentences laid end to
+    // end, the context reset to <s> where starts is set; the whole walk without a Python step per token
+    PyObject *a[4];
+    long long bos;
+    Py_buffer b[4];
+    int got = 0, bad = 1;
+    if (!PyArg_ParseTuple(args, "OOLOO", &a[0], &a[1], &bos, &a[2], &a[3])) return NULL;
+    for (; got < 4; got++)
+        if (PyObject_GetBuffer(a[got], &b[got], PyBUF_C_CONTIGUOUS | (got < 2 ? 0 : PyBUF_WRITABLE)) < 0) break;
+    if (got == 4) {
+        Py_ssize_t T = b[0].len / 8;
+        if (b[1].len != T || b[2].len != T * 8 || b[3].len != T * 8)
+            PyErr_SetString(PyExc_ValueError, "stream: arrays of different lengths");
+        else
+            bad = walk_lanes(self, (const int64_t *)b[0].buf, (const uint8_t *)b[1].buf, T, bos, (double *)b[2].buf,
+                             (int64_t *)b[3].buf);
+    }
+    while (got-- > 0) PyBuffer_Release(&b[got]);
+    if (bad) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Scorer_methods[] = {
     {"score", (PyCFunction)Scorer_score, METH_VARARGS, "score(context, word) -> (log10 p, length, context after)"},
     {"walk", (PyCFunction)Scorer_walk, METH_VARARGS, "walk(context, ids) -> (log10 p list, lengths, context after)"},
+    {"stream", (PyCFunction)Scorer_stream, METH_VARARGS, "stream(ids, starts, bos, logp out, length out)"},
     {"base_score", (PyCFunction)(void (*)(void))Scorer_base_score, METH_FASTCALL, "kenlm's BaseScore"},
     {NULL, NULL, 0, NULL},
 };

@@ -11,7 +11,8 @@
 Sentences and decoder steps go through NGramModel.score_word (Python scalars, one token at a time);
 whole corpora and the LanguageModel protocol through NGramModel.walk (one array lookup per order for all
 tokens); tests hold the two equal. A binary model (binary.py) makes each lookup a hash probe instead of
-a binary search.
+a binary search. score_corpus walks the tokens in compiled code (scalar.py) when that could be built:
+the same numbers, no array pass per order.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
+from seqlm.ngram.scalar import scalar_scorer
 
 
 @dataclass
@@ -135,7 +137,12 @@ class NgramModel:
             oov = ids == self.vocab.unk_id
         else:
             ids, starts, oov = self._encode(sentences)
-        logp, length = score_stream(self.model, ids, starts)
+        if getattr(self, "_compiled", False) is False:
+            self._compiled = scalar_scorer(self.model, self.vocab.stoi, self.vocab.unk_id, compiled_only=True)
+        if self._compiled is not None:
+            logp, length = compiled_stream(self._compiled, ids, starts, self.vocab.bos_id)
+        else:
+            logp, length = score_stream(self.model, ids, starts)
         return CorpusScores(logp, length, oov, starts)
 
     def _encode(self, sentences: Iterable[str | list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -148,6 +155,16 @@ class NgramModel:
             starts.append(len(ids))
         ids_array = np.array(ids, dtype=np.int64)
         return ids_array, np.array(starts, dtype=np.int64), ids_array == unk
+
+
+def compiled_stream(scorer, ids: np.ndarray, starts: np.ndarray, bos: int) -> tuple[np.ndarray, np.ndarray]:
+    """score_stream's numbers from the compiled walk (scalar.py): one pass over the tokens."""
+    n = len(ids)
+    is_start = np.zeros(n, dtype=bool)  # (N,)
+    is_start[starts[:-1][np.diff(starts) > 0]] = True
+    logp, length = np.empty(n), np.empty(n, dtype=np.int64)  # (N,)
+    scorer.stream(np.ascontiguousarray(ids, dtype=np.int64), is_start, bos, logp, length)
+    return logp, length
 
 
 def score_stream(model: NGramModel, ids: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -44,10 +44,13 @@ def tables(model: NGramModel) -> tuple[np.ndarray, list[tuple]]:
     return _native(model.log10_prob[0], "f4"), orders
 
 
-def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int):
-    """The compiled scorer when it can be built, else ScalarScorer: both have score, walk, base_score."""
-    unigram, orders = tables(model)
+def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, compiled_only: bool = False):
+    """The compiled scorer when it can be built, else ScalarScorer (None if compiled_only): both have
+    score, walk, stream and base_score."""
     ext = _extension()
+    if ext is None and compiled_only:
+        return None
+    unigram, orders = tables(model)
     if ext is not None:
         return ext.Scorer(len(model.vocab), model.order - 1, unigram, orders, stoi, unk)
     return ScalarScorer(len(model.vocab), model.order - 1, unigram, orders, stoi, unk)
@@ -108,6 +111,13 @@ class ScalarScorer:
             probs.append(logp)
             lengths.append(length)
         return probs, lengths, context
+
+    def stream(self, ids: np.ndarray, starts: np.ndarray, bos: int, logp: np.ndarray, length: np.ndarray) -> None:
+        """Score sentences laid end to end (ids (N,) int64), the context reset to <s> where starts (N,) bool
+        is set, into logp (N,) float64 and length (N,) int64."""
+        context: tuple[int, ...] = ()
+        for t, (w, start) in enumerate(zip(ids.tolist(), starts.tolist(), strict=True)):
+            logp[t], length[t], context = self.score((bos,) if start else context, w)
 
     def base_score(self, in_state, word: str, out_state) -> float:
         """kenlm's BaseScore: log10 p(word | in_state.words); out_state.words becomes the context after it."""
