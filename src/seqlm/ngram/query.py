@@ -79,6 +79,7 @@ class NgramModel:
         self.model = model if isinstance(model, NGramModel) else load_tables(model)
         self.vocab = self.model.vocab
         self.order = self.model.order
+        self._compiled = False  # the compiled walk (scalar.py), built on first use; None where it cannot be
 
     def __repr__(self) -> str:
         return f"NgramModel(order={self.order}, sizes={self.model.sizes})"
@@ -94,8 +95,13 @@ class NgramModel:
         words = sentence.split() if isinstance(sentence, str) else sentence
         stoi, unk = self.vocab.stoi, self.vocab.unk_id
         context: tuple[int, ...] = (self.vocab.bos_id,) if bos else ()
+        ids = [stoi.get(w, unk) for w in words] + ([self.vocab.eos_id] if eos else [])
+        if self._scalar() is not None:  # the compiled walk: the same numbers as score_word's
+            probs, lengths, _ = self._compiled.walk(context, ids)
+            yield from zip(probs, lengths, [w == unk for w in ids], strict=True)
+            return
         score = self.model.score_word
-        for w in [stoi.get(w, unk) for w in words] + ([self.vocab.eos_id] if eos else []):
+        for w in ids:
             logp, length, context = score(context, w)
             yield logp, length, w == unk  # as KenLM: whatever maps to <unk>, a literal <unk> too
 
@@ -127,6 +133,12 @@ class NgramModel:
         logp, length, out_state.words = self.model.score_word(in_state.words, word_id)
         return logp, length
 
+    def _scalar(self):
+        """The compiled per-token walk (scalar.py), built on first use; None where it cannot be."""
+        if self._compiled is False:
+            self._compiled = scalar_scorer(self.model, self.vocab.stoi, self.vocab.unk_id, compiled_only=True)
+        return self._compiled
+
     # ---- whole corpora --------------------------------------------------------------------------
 
     def score_corpus(self, sentences: Iterable[str | list[str]] | TokenStream) -> CorpusScores:
@@ -137,9 +149,7 @@ class NgramModel:
             oov = ids == self.vocab.unk_id
         else:
             ids, starts, oov = self._encode(sentences)
-        if getattr(self, "_compiled", False) is False:
-            self._compiled = scalar_scorer(self.model, self.vocab.stoi, self.vocab.unk_id, compiled_only=True)
-        if self._compiled is not None:
+        if self._scalar() is not None:
             logp, length = compiled_stream(self._compiled, ids, starts, self.vocab.bos_id)
         else:
             logp, length = score_stream(self.model, ids, starts)
