@@ -83,10 +83,31 @@ def count_ngrams(stream: TokenStream, bos_id: int, vocab_size: int, order: int) 
     for k in range(2, order + 1):
         at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
         key = gram[at - 1] * V + seq[at]  # (P,) prefix ends one position earlier
-        uniq, first, inverse, cnt = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+        uniq, first, inverse, cnt = unique(key)
         keys.append(uniq)
         counts.append(cnt.astype(np.int64))
         suffix.append(gram[at[first]])  # (M_k,) the (k-1)-gram ending where each n-gram ends
         gram = np.full(len(seq), -1, dtype=np.int64)
         gram[at] = inverse
     return NGramCounts(V, bos_id, keys, counts, suffix)
+
+
+def unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """np.unique(key, return_index=True, return_inverse=True, return_counts=True) for int64 keys >= 0,
+    the same four arrays, faster: np.unique's stable argsort is the bulk of counting. When the keys leave
+    room for the positions in 63 bits, one plain sort of `key << bits | position` (numpy's vectorised
+    sort) gives the keys sorted and, within a key, its positions in order: the stable argsort for free."""
+    n = len(key)
+    bits = max(int(n - 1).bit_length(), 1)
+    if n == 0 or int(key.max()) >= 1 << (63 - bits):
+        return np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+    packed = np.sort((key << bits) | np.arange(n, dtype=np.int64))  # (P,)
+    perm = packed & ((1 << bits) - 1)  # (P,) the stable argsort of key
+    packed >>= bits  # (P,) key sorted
+    new = np.empty(n, dtype=bool)  # (P,) where a run of equal keys begins
+    new[0] = True
+    np.not_equal(packed[1:], packed[:-1], out=new[1:])
+    begin = np.flatnonzero(new)  # (M,)
+    inverse = np.empty(n, dtype=np.int64)  # (P,)
+    inverse[perm] = np.cumsum(new) - 1
+    return packed[begin], perm[begin], inverse, np.diff(begin, append=n)
