@@ -48,8 +48,8 @@ def worker_scoring(args: argparse.Namespace) -> dict:
 
     import seqlm.kenlm as ours
     from seqlm.data.corpus import encode_file
+    from seqlm.ngram.native import extension
     from seqlm.ngram.query import NgramModel
-    from seqlm.ngram.scalar import _extension
 
     lines = [s for s in Path(args.text).read_text(encoding="utf-8").splitlines() if s.strip()]
     tokens = sum(len(s.split()) + 1 for s in lines)
@@ -70,7 +70,7 @@ def worker_scoring(args: argparse.Namespace) -> dict:
     b = np.array([p for s in lines for p, _, _ in mine.full_scores(s)])
     out = {f"{k}_tokens_per_s": tokens / v for k, v in rates.items()}
     out.update(tokens=tokens, sentences=len(lines), max_abs_diff_vs_kenlm=float(np.abs(a - b).max()),
-               per_call_path="compiled (seqlm/ngram/_scalar.cpp)" if _extension() else "python")
+               per_call_path="compiled (seqlm/ngram/_native.cpp)" if extension() else "python")
     return out
 
 

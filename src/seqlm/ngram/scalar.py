@@ -2,9 +2,8 @@
 
 NGramModel.score_word is the readable reference. When a decoder calls once per word, the interpreter's
 steps are the whole cost (docs/ngram.md, "Where the time goes"), so `scalar_scorer` returns the same
-walk compiled: _scalar.cpp, plain CPython API, built on first use by torch.utils.cpp_extension (cached
-under ~/.cache/torch_extensions; a C++ compiler and ninja are needed). Where it cannot be built, or
-SEQLM_SCALAR=python, the loop below in Python does it, with the same numbers:
+walk compiled (_native.cpp's Scorer, see native.py). Where that cannot be built, or SEQLM_NATIVE=0,
+the loop below in Python does it, with the same numbers:
 - the tables are memoryviews in the machine's native format (one C read per item; a '<q' view goes
   through the struct module), gathered per order once, not per call;
 - the home slot is `(q * FIB >> shift) & mask`: one big-int operation fewer than index.py's form;
@@ -14,16 +13,11 @@ SEQLM_SCALAR=python, the loop below in Python does it, with the same numbers:
 
 from __future__ import annotations
 
-import os
-import warnings
-from pathlib import Path
-
 import numpy as np
 
 from seqlm.ngram.index import FIB_INT, build_slots, table_bits
 from seqlm.ngram.model import NGramModel
-
-_EXTENSION: object = None  # the compiled module once loaded, False when it cannot be
+from seqlm.ngram.native import extension
 
 
 def _native(a, dtype: str) -> np.ndarray:
@@ -47,29 +41,13 @@ def tables(model: NGramModel) -> tuple[np.ndarray, list[tuple]]:
 def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, compiled_only: bool = False):
     """The compiled scorer when it can be built, else ScalarScorer (None if compiled_only): both have
     score, walk, stream and base_score."""
-    ext = _extension()
+    ext = extension()
     if ext is None and compiled_only:
         return None
     unigram, orders = tables(model)
     if ext is not None:
         return ext.Scorer(len(model.vocab), model.order - 1, unigram, orders, stoi, unk)
     return ScalarScorer(len(model.vocab), model.order - 1, unigram, orders, stoi, unk)
-
-
-def _extension():
-    """_scalar.cpp compiled and imported (once per process); None where that fails or is switched off."""
-    global _EXTENSION
-    if _EXTENSION is None:
-        _EXTENSION = False
-        if os.environ.get("SEQLM_SCALAR", "compiled") != "python":
-            try:
-                from torch.utils.cpp_extension import load
-
-                _EXTENSION = load("_seqlm_scalar", [str(Path(__file__).with_name("_scalar.cpp"))],
-                                  extra_cflags=["-O2"], verbose=False)
-            except Exception as e:  # noqa: BLE001 (no compiler, no ninja: the Python loop gives the same numbers)
-                warnings.warn(f"seqlm: per-word n-gram scoring runs in Python ({type(e).__name__}: {e})", stacklevel=3)
-    return _EXTENSION or None
 
 
 class ScalarScorer:

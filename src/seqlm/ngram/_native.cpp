@@ -1,9 +1,12 @@
-// seqlm.ngram.scalar's per-token loop in C: the same probe and back-off walk as ScalarScorer.score
-// (scalar.py, the reference it is tested against), without the interpreter's cost per step.
-// Built on first use by torch.utils.cpp_extension (scalar.py); plain CPython API, no torch headers.
+// seqlm.ngram's compiled loops, each the twin of a Python or numpy version it is tested against:
+// - Scorer: scalar.py's per-token walk (ScalarScorer.score: the same probes and back-offs), one token per
+//   call (score, base_score), a sentence (walk) or a whole stream of them (stream);
+// - assemble: arpa_write.py's gather of byte pieces into ARPA lines.
+// Built on first use by torch.utils.cpp_extension (native.py); plain CPython API, no torch headers.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MAX_ORDERS 63  // orders above the unigrams (NGramModel allows N <= 64)
 #define LANES 16       // sentences `stream` walks side by side, so that their cache misses overlap
@@ -331,12 +334,47 @@ static PyMethodDef Scorer_methods[] = {
 };
 
 static PyTypeObject ScorerType = {
-    PyVarObject_HEAD_INIT(NULL, 0) "_seqlm_scalar.Scorer", sizeof(Scorer), 0,
+    PyVarObject_HEAD_INIT(NULL, 0) "_seqlm_native.Scorer", sizeof(Scorer), 0,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_seqlm_scalar", NULL, -1, NULL};
+static PyObject *assemble(PyObject *module, PyObject *args) {
+    // assemble(buf u1 (B,), start i8 (P,), length i8 (P,)) -> bytes: buf[start[i] : start[i] + length[i]] joined
+    PyObject *a[3], *out = NULL;
+    Py_buffer b[3];
+    int got = 0;
+    if (!PyArg_ParseTuple(args, "OOO", &a[0], &a[1], &a[2])) return NULL;
+    for (; got < 3; got++)
+        if (PyObject_GetBuffer(a[got], &b[got], PyBUF_C_CONTIGUOUS) < 0) break;
+    if (got == 3) {
+        const char *buf = (const char *)b[0].buf;
+        const int64_t *start = (const int64_t *)b[1].buf, *length = (const int64_t *)b[2].buf;
+        Py_ssize_t P = b[1].len / 8, total = 0, i;
+        for (i = 0; i < P; i++) {
+            if (b[2].len != b[1].len || start[i] < 0 || length[i] < 0 || start[i] + length[i] > b[0].len) break;
+            total += length[i];
+        }
+        if (i < P) {
+            PyErr_SetString(PyExc_ValueError, "assemble: a piece lies outside the buffer");
+        } else if ((out = PyBytes_FromStringAndSize(NULL, total))) {
+            char *at = PyBytes_AS_STRING(out);
+            for (i = 0; i < P; i++) {
+                memcpy(at, buf + start[i], (size_t)length[i]);
+                at += length[i];
+            }
+        }
+    }
+    while (got-- > 0) PyBuffer_Release(&b[got]);
+    return out;
+}
 
-PyMODINIT_FUNC PyInit__seqlm_scalar(void) {
+static PyMethodDef module_methods[] = {
+    {"assemble", assemble, METH_VARARGS, "assemble(buf, start, length) -> the pieces joined, as bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_seqlm_native", NULL, -1, module_methods};
+
+PyMODINIT_FUNC PyInit__seqlm_native(void) {
     ScorerType.tp_flags = Py_TPFLAGS_DEFAULT;
     ScorerType.tp_new = PyType_GenericNew;
     ScorerType.tp_init = (initproc)Scorer_init;
