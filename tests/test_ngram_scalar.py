@@ -108,3 +108,18 @@ def test_stream_equals_the_array_walk(name: str) -> None:
     for scorer in _scorers(model):
         got = compiled_stream(scorer, ids, starts, model.vocab.bos_id)
         assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]), type(scorer)
+
+
+@needs_oracle
+def test_full_scores_equal_the_id_walk() -> None:
+    model = NGramModel.from_arpa(ORACLE / "kn5.arpa.gz")
+    words = (ORACLE / "query.txt").read_text().split()[:300] + ["<unk>", "no-such-word"]
+    ids = [model.vocab.stoi.get(w, model.vocab.unk_id) for w in words]
+    for scorer in _scorers(model):
+        for bos, eos in ((True, True), (False, False)):
+            context = (model.vocab.bos_id,) if bos else ()
+            probs, lengths, _ = scorer.walk(context, ids + [model.vocab.eos_id] * eos)
+            oov = [w == model.vocab.unk_id for w in ids] + [False] * eos
+            want = list(zip(probs, lengths, oov, strict=True))
+            assert scorer.full_scores(context, words, model.vocab.eos_id if eos else -1) == want
+            assert want[-1 - eos][2] and want[-2 - eos][2]  # both unknowns flagged

@@ -109,13 +109,8 @@ class NgramScorer:
         return self._unk
 
     def full_scores(self, words: list[str], bos: bool, eos: bool) -> Iterator[tuple[float, int, bool]]:
-        stoi, unk = self._stoi, self._unk
-        ids = [stoi.get(w, unk) for w in words]
-        if eos:
-            ids.append(self._eos)
-        probs, lengths, _ = self._scalar.walk((self._bos,) if bos else (), ids)
         # a literal <unk> is OOV too, as kenlm (its id is 0); </s> never is
-        return zip(probs, lengths, [w == unk for w in ids[: len(words)]] + [False] * eos, strict=True)
+        return iter(self._scalar.full_scores((self._bos,) if bos else (), words, self._eos if eos else -1))
 
     def next_distribution(self, states: list[State]) -> np.ndarray:
         from seqlm.eval.distribution import ngram_state_distribution

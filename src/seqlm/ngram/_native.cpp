@@ -266,6 +266,39 @@ static PyObject *Scorer_base_score(Scorer *self, PyObject *const *args, Py_ssize
     return bad < 0 ? NULL : PyFloat_FromDouble(logp);
 }
 
+static PyObject *Scorer_full_scores(Scorer *self, PyObject *args) {
+    // full_scores(context, words list of str, eos id or -1) -> [(log10 p, length, oov)]: kenlm's
+    // full_scores on a split sentence, each word looked up here (unknown: <unk>, oov; a literal <unk> too)
+    PyObject *context, *words, *out;
+    long long eos;
+    Token x;
+    int length;
+    double logp;
+    if (!PyArg_ParseTuple(args, "OO!L", &context, &PyList_Type, &words, &eos) ||
+        read_context(context, x.ctx, &x.n, self->n) < 0)
+        return NULL;
+    Py_ssize_t T = PyList_GET_SIZE(words);
+    if (!(out = PyList_New(T + (eos >= 0)))) return NULL;
+    for (Py_ssize_t t = 0; t <= T; t++) {
+        if (t == T && eos < 0) break;
+        x.word = t == T ? eos : self->unk;
+        if (t < T) {
+            PyObject *id = PyDict_GetItemWithError(self->stoi, PyList_GET_ITEM(words, t));
+            if (!id && PyErr_Occurred()) goto fail;
+            if (id && (x.word = PyLong_AsLongLong(id)) == -1 && PyErr_Occurred()) goto fail;
+        }
+        PyObject *oov = t < T && x.word == self->unk ? Py_True : Py_False;
+        if (step(self, &x, &logp, &length) < 0) goto fail;
+        PyObject *item = Py_BuildValue("(diO)", logp, length, oov);
+        if (!item) goto fail;
+        PyList_SET_ITEM(out, t, item);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 // The sentences of a stream walked LANES at a time (lane g takes those starting in [g T, (g + 1) T) / LANES),
 // each round advancing every lane by one token: begin all, gather all, finish all.
 static int walk_lanes(const Scorer *s, const int64_t *ids, const uint8_t *starts, Py_ssize_t T, int64_t bos,
@@ -328,6 +361,7 @@ static PyObject *Scorer_stream(Scorer *self, PyObject *args) {
 static PyMethodDef Scorer_methods[] = {
     {"score", (PyCFunction)Scorer_score, METH_VARARGS, "score(context, word) -> (log10 p, length, context after)"},
     {"walk", (PyCFunction)Scorer_walk, METH_VARARGS, "walk(context, ids) -> (log10 p list, lengths, context after)"},
+    {"full_scores", (PyCFunction)Scorer_full_scores, METH_VARARGS, "full_scores(context, words, eos)"},
     {"stream", (PyCFunction)Scorer_stream, METH_VARARGS, "stream(ids, starts, bos, logp out, length out)"},
     {"base_score", (PyCFunction)(void (*)(void))Scorer_base_score, METH_FASTCALL, "kenlm's BaseScore"},
     {NULL, NULL, 0, NULL},

@@ -90,6 +90,13 @@ class ScalarScorer:
             lengths.append(length)
         return probs, lengths, context
 
+    def full_scores(self, context: tuple[int, ...], words: list[str], eos: int) -> list[tuple[float, int, bool]]:
+        """(log10 p, length, OOV) of each word (unknown ones, and a literal <unk>, are OOV), then of </s>
+        when eos >= 0 (its id)."""
+        ids = [self.stoi.get(w, self.unk) for w in words]
+        probs, lengths, _ = self.walk(context, ids + [eos] * (eos >= 0))
+        return list(zip(probs, lengths, [w == self.unk for w in ids] + [False] * (eos >= 0), strict=True))
+
     def stream(self, ids: np.ndarray, starts: np.ndarray, bos: int, logp: np.ndarray, length: np.ndarray) -> None:
         """Score sentences laid end to end (ids (N,) int64), the context reset to <s> where starts (N,) bool
         is set, into logp (N,) float64 and length (N,) int64."""
