@@ -156,8 +156,7 @@ def initial_probabilities(
         taken = disc(a) if pruned is None else np.where(pruned[k - 1], a, disc(a))  # (M_k,)
         total = np.bincount(ctx, weights=a, minlength=n_ctx)  # (M_{k-1},) a(c.)
         mass = np.bincount(ctx, weights=taken, minlength=n_ctx)  # (M_{k-1},) left for lower orders
-        u = a.astype(np.float64)  # (M_k,) then in place: (a - taken) / a(c.), fewer temporaries at the peak
-        u -= taken
+        u = np.subtract(a, taken, out=taken)  # (M_k,) then in place: (a - taken) / a(c.), in taken's memory
         del taken
         with np.errstate(divide="ignore", invalid="ignore"):
             gammas.append(mass / total)  # NaN where c is never followed by anything
