@@ -53,12 +53,14 @@ static int Scorer_init(Scorer *self, PyObject *args, PyObject *kw) {
     Py_ssize_t n = PyList_GET_SIZE(orders), count;
     if (n > MAX_ORDERS) { PyErr_SetString(PyExc_ValueError, "too many orders"); return -1; }
     self->V = V;
-    self->n = (int)n;
+    self->n = 0;  // set once every order is in place; unigram NULL marks a scorer not (fully) initialised
+    self->unigram = NULL;
     Py_INCREF(stoi);
     Py_XSETREF(self->stoi, stoi);
     Py_XSETREF(self->owners, PyList_New(0));
     if (!self->owners || PyList_Append(self->owners, unigram) < 0) return -1;
-    if (!(self->unigram = (const float *)buffer_of(unigram, 4, &count))) return -1;
+    const float *uni = (const float *)buffer_of(unigram, 4, &count);
+    if (!uni) return -1;
     if (count != V) { PyErr_SetString(PyExc_ValueError, "unigram size"); return -1; }
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *keys, *probs, *backoff, *slots;
@@ -83,6 +85,8 @@ static int Scorer_init(Scorer *self, PyObject *args, PyObject *kw) {
         if (!four || PyList_Append(self->owners, four) < 0) { Py_XDECREF(four); return -1; }
         Py_DECREF(four);
     }
+    self->n = (int)n;
+    self->unigram = uni;
     return 0;
 }
 
@@ -118,6 +122,7 @@ typedef struct {
 } Token;
 
 static int begin(const Scorer *s, Token *x) {
+    if (!s->unigram) { PyErr_SetString(PyExc_RuntimeError, "Scorer is not initialised"); return -1; }
     if (x->word < 0 || x->word >= s->V) { PyErr_SetString(PyExc_IndexError, "word id out of range"); return -1; }
     if (x->n > s->n) x->n = s->n;
     __builtin_prefetch(s->unigram + x->word);

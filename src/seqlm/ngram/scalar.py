@@ -40,7 +40,7 @@ def tables(model: NGramModel) -> tuple[np.ndarray, list[tuple]]:
 
 def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, compiled_only: bool = False):
     """The compiled scorer when it can be built, else ScalarScorer (None if compiled_only): both have
-    score, walk, stream and base_score."""
+    score, walk, full_scores, stream and base_score."""
     ext = extension()
     if ext is None and compiled_only:
         return None
