@@ -146,27 +146,27 @@ static void gather(const Scorer *s, Token *x) {
         if (h >= 0 && h < o->nkeys) {
             __builtin_prefetch(o->keys + h);
             __builtin_prefetch(o->probs + h);
+        } else {
+            __builtin_prefetch(o->backoff + x->ctx[k]);  // an empty home slot: a miss, its back-off counts
         }
-        __builtin_prefetch(o->backoff + x->ctx[k]);
     }
 }
 
 // log10 p and the matched length; x->ctx becomes the context after the word (cut to the matched length).
 static void finish(const Scorer *s, Token *x, double *logp, int *length) {
     int64_t after[MAX_ORDERS + 1];
-    double lp = s->unigram[x->word];
     int len = 1;
     after[0] = x->word;
     for (int k = 0; k < x->n; k++) {
-        const Order *o = &s->ord[k];
-        int64_t c = x->ctx[k], h = -1;
-        if (c >= 0) {
-            h = probe(o, c * s->V + x->word, x->pos[k], x->hit[k]);
-            if (h >= 0) { lp = o->probs[h]; len = k + 2; }
-            else lp += o->backoff[c];
-        }
-        after[k + 1] = h;
+        int64_t c = x->ctx[k];
+        after[k + 1] = c >= 0 ? probe(&s->ord[k], c * s->V + x->word, x->pos[k], x->hit[k]) : -1;
+        if (after[k + 1] >= 0) len = k + 2;
     }
+    // the longest match's log10 p plus the back-offs of the contexts above it, added in the same order as
+    // score_word (which also adds those below and then overwrites them): the same double, fewer reads
+    double lp = len > 1 ? (double)s->ord[len - 2].probs[after[len - 1]] : (double)s->unigram[x->word];
+    for (int k = len - 1; k < x->n; k++)
+        if (x->ctx[k] >= 0) lp += s->ord[k].backoff[x->ctx[k]];
     *logp = lp;
     *length = len;
     x->n = len < s->cut ? len : s->cut;
