@@ -294,9 +294,15 @@ static PyObject *Scorer_full_scores(Scorer *self, PyObject *args) {
         }
         PyObject *oov = t < T && x.word == self->unk ? Py_True : Py_False;
         if (step(self, &x, &logp, &length) < 0) goto fail;
-        PyObject *item = Py_BuildValue("(diO)", logp, length, oov);
+        PyObject *item = PyTuple_New(3);
         if (!item) goto fail;
-        PyList_SET_ITEM(out, t, item);
+        PyList_SET_ITEM(out, t, item);  // `out` owns it from here, even half filled
+        PyObject *p = PyFloat_FromDouble(logp), *n = PyLong_FromLong(length);
+        if (!p || !n) { Py_XDECREF(p); Py_XDECREF(n); goto fail; }
+        Py_INCREF(oov);
+        PyTuple_SET_ITEM(item, 0, p);
+        PyTuple_SET_ITEM(item, 1, n);
+        PyTuple_SET_ITEM(item, 2, oov);
     }
     return out;
 fail:
