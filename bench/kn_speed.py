@@ -10,7 +10,7 @@ Both rows use GCIDE (../shared/data/gcide, decompressed to a temporary folder fi
   peak RSS of each process from GNU time, and seqlm's peak during estimation alone.
 - gcide-kn5-scoring: one process loads seqlm.kenlm.Model on seqlm's binary and kenlm.Model on
   build_binary of seqlm's ARPA (the same model), then, round after round (best of `--rounds`), scores the
-  test set: BaseScore once per word from the same Python loop, full_scores per sentence, and batched
+  test set: BaseScore once per word from the same Python loop, full_scores and score per sentence, and batched
   (seqlm.ngram.NgramModel.score_corpus on ids and on text lines, against kenlm.Model.score per sentence,
   kenlm having no batch call). The log10 p of both agree (`max_abs_diff_vs_kenlm`).
 Ratios are seqlm / KenLM measured in the same run (the row says how loaded the machine was). Writes
@@ -66,6 +66,7 @@ def worker_scoring(args: argparse.Namespace) -> dict:
         _best(rates, "seqlm_batched_ids", _timed(lambda: batch.score_corpus(stream)))
         _best(rates, "seqlm_batched_text", _timed(lambda: batch.score_corpus(lines)))
         _best(rates, "kenlm_score_per_sentence", _timed(lambda: [theirs.score(s) for s in lines]))
+        _best(rates, "seqlm_score_per_sentence", _timed(lambda: [mine.score(s) for s in lines]))
     a = np.array([p for s in lines for p, _, _ in theirs.full_scores(s)])
     b = np.array([p for s in lines for p, _, _ in mine.full_scores(s)])
     out = {f"{k}_tokens_per_s": tokens / v for k, v in rates.items()}
@@ -143,12 +144,15 @@ def scoring_row(files: dict, tmp: Path, kb: Path, model_dir: Path | None, rounds
     klm = tmp / "kenlm.klm"
     run_measured([str(kb / "build_binary"), str(model_dir / "model.arpa"), str(klm)])
     res, _, _ = worker_here("scoring", model=model_dir / "model.bin", klm=klm, text=files["test"], rounds=rounds)
+    def vs(mine: str, theirs: str) -> float:
+        return res[f"seqlm_{mine}_tokens_per_s"] / res[f"kenlm_{theirs}_tokens_per_s"]
+
     row = {"name": "gcide-kn5-scoring", "threads": 1, "rounds": rounds, **res,
-           "base_score_vs_kenlm": res["seqlm_base_score_tokens_per_s"] / res["kenlm_base_score_tokens_per_s"],
-           "full_scores_vs_kenlm": res["seqlm_full_scores_tokens_per_s"] / res["kenlm_full_scores_tokens_per_s"],
-           "batched_ids_vs_kenlm": res["seqlm_batched_ids_tokens_per_s"] / res["kenlm_score_per_sentence_tokens_per_s"],
-           "batched_text_vs_kenlm": (res["seqlm_batched_text_tokens_per_s"]
-                                     / res["kenlm_score_per_sentence_tokens_per_s"]),
+           "base_score_vs_kenlm": vs("base_score", "base_score"),
+           "full_scores_vs_kenlm": vs("full_scores", "full_scores"),
+           "score_vs_kenlm": vs("score_per_sentence", "score_per_sentence"),
+           "batched_ids_vs_kenlm": vs("batched_ids", "score_per_sentence"),
+           "batched_text_vs_kenlm": vs("batched_text", "score_per_sentence"),
            "load_average_1min": os.getloadavg()[0], "note": LOAD_NOTE}
     return row
 

@@ -123,3 +123,18 @@ def test_full_scores_equal_the_id_walk() -> None:
             want = list(zip(probs, lengths, oov, strict=True))
             assert scorer.full_scores(context, words, model.vocab.eos_id if eos else -1) == want
             assert want[-1 - eos][2] and want[-2 - eos][2]  # both unknowns flagged
+
+
+@needs_oracle
+def test_sentence_score_is_kenlms_float32_sum() -> None:
+    """sentence_score against the float32 running sum of full_scores' log10 p (what kenlm.Model.score does)."""
+    model = NGramModel.from_arpa(ORACLE / "kn5.arpa.gz")
+    lines = (ORACLE / "query.txt").read_text().splitlines()[:60] + ["", "no-such-word <unk>"]
+    for scorer in _scorers(model):
+        for line in lines:
+            for context, eos in (((model.vocab.bos_id,), model.vocab.eos_id), ((), -1)):
+                probs = [p for p, _, _ in scorer.full_scores(context, line.split(), eos)]
+                total = np.float32(0)
+                for p in probs:
+                    total = np.float32(total + np.float32(p))
+                assert scorer.sentence_score(context, line.split(), eos) == float(total)

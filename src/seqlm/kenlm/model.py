@@ -112,6 +112,9 @@ class NgramScorer:
         # a literal <unk> is OOV too, as kenlm (its id is 0); </s> never is
         return iter(self._scalar.full_scores((self._bos,) if bos else (), words, self._eos if eos else -1))
 
+    def sentence_score(self, words: list[str], bos: bool, eos: bool) -> float:
+        return self._scalar.sentence_score((self._bos,) if bos else (), words, self._eos if eos else -1)
+
     def next_distribution(self, states: list[State]) -> np.ndarray:
         from seqlm.eval.distribution import ngram_state_distribution
 
@@ -161,6 +164,8 @@ class Model:
 
     def score(self, sentence: str | bytes, bos: bool = True, eos: bool = True) -> float:
         """log10 P(sentence), summed in float32 one word after another, exactly as kenlm adds them."""
+        if isinstance(self._scorer, NgramScorer):  # the same sum in one compiled call (seqlm.ngram.scalar)
+            return self._scorer.sentence_score(_split(sentence), bos, eos)
         probs = np.array([p for p, _, _ in self.full_scores(sentence, bos, eos)], dtype=np.float32)
         return float(np.cumsum(probs, dtype=np.float32)[-1]) if len(probs) else 0.0
 

@@ -310,6 +310,32 @@ fail:
     return NULL;
 }
 
+static PyObject *Scorer_sentence_score(Scorer *self, PyObject *args) {
+    // sentence_score(context, words list of str, eos id or -1) -> log10 P as kenlm.Model.score sums it:
+    // each log10 p rounded to float32 and added in float32, one word after another
+    PyObject *context, *words;
+    long long eos;
+    Token x;
+    int length;
+    double logp;
+    float total = 0.0f;
+    if (!PyArg_ParseTuple(args, "OO!L", &context, &PyList_Type, &words, &eos) ||
+        read_context(context, x.ctx, &x.n, self->n) < 0)
+        return NULL;
+    Py_ssize_t T = PyList_GET_SIZE(words);
+    for (Py_ssize_t t = 0; t < T + (eos >= 0); t++) {
+        x.word = t == T ? eos : self->unk;
+        if (t < T) {
+            PyObject *id = PyDict_GetItemWithError(self->stoi, PyList_GET_ITEM(words, t));
+            if (!id && PyErr_Occurred()) return NULL;
+            if (id && (x.word = PyLong_AsLongLong(id)) == -1 && PyErr_Occurred()) return NULL;
+        }
+        if (step(self, &x, &logp, &length) < 0) return NULL;
+        total += (float)logp;
+    }
+    return PyFloat_FromDouble(total);
+}
+
 // The sentences of a stream walked LANES at a time (lane g takes those starting in [g T, (g + 1) T) / LANES),
 // each round advancing every lane by one token: begin all, gather all, finish all.
 static int walk_lanes(const Scorer *s, const int64_t *ids, const uint8_t *starts, Py_ssize_t T, int64_t bos,
@@ -373,6 +399,7 @@ static PyMethodDef Scorer_methods[] = {
     {"score", (PyCFunction)Scorer_score, METH_VARARGS, "score(context, word) -> (log10 p, length, context after)"},
     {"walk", (PyCFunction)Scorer_walk, METH_VARARGS, "walk(context, ids) -> (log10 p list, lengths, context after)"},
     {"full_scores", (PyCFunction)Scorer_full_scores, METH_VARARGS, "full_scores(context, words, eos)"},
+    {"sentence_score", (PyCFunction)Scorer_sentence_score, METH_VARARGS, "sentence_score(context, words, eos)"},
     {"stream", (PyCFunction)Scorer_stream, METH_VARARGS, "stream(ids, starts, bos, logp out, length out)"},
     {"base_score", (PyCFunction)(void (*)(void))Scorer_base_score, METH_FASTCALL, "kenlm's BaseScore"},
     {NULL, NULL, 0, NULL},

@@ -40,7 +40,7 @@ def tables(model: NGramModel) -> tuple[np.ndarray, list[tuple]]:
 
 def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, compiled_only: bool = False):
     """The compiled scorer when it can be built, else ScalarScorer (None if compiled_only): both have
-    score, walk, full_scores, stream and base_score."""
+    score, walk, full_scores, sentence_score, stream and base_score."""
     ext = extension()
     if ext is None and compiled_only:
         return None
@@ -96,6 +96,11 @@ class ScalarScorer:
         ids = [self.stoi.get(w, self.unk) for w in words]
         probs, lengths, _ = self.walk(context, ids + [eos] * (eos >= 0))
         return list(zip(probs, lengths, [w == self.unk for w in ids] + [False] * (eos >= 0), strict=True))
+
+    def sentence_score(self, context: tuple[int, ...], words: list[str], eos: int) -> float:
+        """log10 P of the words (then </s> when eos >= 0) as kenlm sums it: float32, word after word."""
+        probs = np.array([p for p, _, _ in self.full_scores(context, words, eos)], dtype=np.float32)
+        return float(np.cumsum(probs, dtype=np.float32)[-1]) if len(probs) else 0.0
 
     def stream(self, ids: np.ndarray, starts: np.ndarray, bos: int, logp: np.ndarray, length: np.ndarray) -> None:
         """Score sentences laid end to end (ids (N,) int64), the context reset to <s> where starts (N,) bool
