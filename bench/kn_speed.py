@@ -144,6 +144,7 @@ def scoring_row(files: dict, tmp: Path, kb: Path, model_dir: Path | None, rounds
     klm = tmp / "kenlm.klm"
     run_measured([str(kb / "build_binary"), str(model_dir / "model.arpa"), str(klm)])
     res, _, _ = worker_here("scoring", model=model_dir / "model.bin", klm=klm, text=files["test"], rounds=rounds)
+
     def vs(mine: str, theirs: str) -> float:
         return res[f"seqlm_{mine}_tokens_per_s"] / res[f"kenlm_{theirs}_tokens_per_s"]
 
