@@ -8,11 +8,11 @@
     m.BeginSentenceWrite(s); m.BaseScore(s, "the", t)   # incremental scoring for decoders
     m.score_corpus(["the cat sat", "a dog"])    # batched numpy path: one lookup per order for all tokens
 
-Sentences and decoder steps go through NGramModel.score_word (Python scalars, one token at a time);
-whole corpora and the LanguageModel protocol through NGramModel.walk (one array lookup per order for all
-tokens); tests hold the two equal. A binary model (binary.py) makes each lookup a hash probe instead of
-a binary search. score_corpus walks the tokens in compiled code (scalar.py) when that could be built:
-the same numbers, no array pass per order.
+Sentences (full_scores) and whole corpora (score_corpus) run the compiled per-token walk (scalar.py)
+where it could be built; decoder steps (BaseScore), and sentences without it, go through
+NGramModel.score_word (Python scalars, one token at a time); corpora without it and the LanguageModel
+protocol through NGramModel.walk (one array lookup per order for all tokens). Tests hold them all equal.
+A binary model (binary.py) makes each lookup a hash probe instead of a binary search.
 """
 
 from __future__ import annotations
