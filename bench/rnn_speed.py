@@ -1,17 +1,25 @@
 """RNN LM speed on PTB: training and evaluation words/s, class-factorised vs full softmax (same H),
-measured in one run, and against the reference C++ toolkit's figures given in the RNNLM issue.
+and the reference C++ toolkit, faster-rnnlm, run by this script in the same run.
 
     python bench/rnn_speed.py [--threads 2] [--seconds 20]
 
 Trains each configuration for a fixed wall time from scratch (speed only: the perplexity rows are in
-rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. Also reports the float32 matmul ceiling
-measured by this script at the model's layer shapes, for scale.
+rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. faster-rnnlm ($FASTER_RNNLM, the binary or
+its folder, else ../shared/tools/faster-rnnlm/rnnlm) trains first, alone, for the same wall time with
+the same threads and H (sigmoid Elman, hierarchical softmax, BPTT 32, as its README measures it); its
+last words/s report is each row's `faster_rnnlm_words_per_s`. Without it the rows say so. Also reports
+the float32 matmul ceiling measured by this script at the model's layer shapes, for scale.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -21,9 +29,35 @@ from seqlm.data.vocab import Vocab
 from seqlm.eval.perplexity import evaluate
 from seqlm.registry import family
 
-from common import matmul_gflops, merge_rows, ptb_dir, train_speed
+from common import ROOT, matmul_gflops, merge_rows, ptb_dir, train_speed
 
-FASTER_RNNLM_WORDS_PER_S = 150_000  # sigmoid H=200, hierarchical softmax, 2 threads (the issue's figure)
+
+def faster_rnnlm() -> Path | None:
+    """The faster-rnnlm binary: $FASTER_RNNLM (the binary or its folder), else ../shared/tools."""
+    for cand in (os.environ.get("FASTER_RNNLM"), ROOT.parent / "shared" / "tools" / "faster-rnnlm"):
+        if cand and Path(cand).is_dir():
+            cand = Path(cand) / "rnnlm"
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return Path(cand)
+    return None
+
+
+def faster_rnnlm_speed(binary: Path, threads: int, hidden: int, seconds: float) -> float:
+    """Training words/s of faster-rnnlm on PTB: its last progress report within `seconds` of training."""
+    with tempfile.TemporaryDirectory(prefix="faster-rnnlm-") as tmp:
+        cmd = [str(binary), "-rnnlm", str(Path(tmp) / "model"), "-train", str(ptb_dir() / "train.txt"),
+               "-valid", str(ptb_dir() / "valid.txt"), "-hidden", str(hidden), "-hidden-type", "sigmoid",
+               "-bptt", "32", "-threads", str(threads)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out = proc.communicate(timeout=seconds)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+    rates = re.findall(r"([\d.]+) Kwords/sec", out)
+    if not rates:
+        raise SystemExit(f"faster-rnnlm printed no speed: {out[-500:]}")
+    return float(rates[-1]) * 1000
 
 
 def main() -> None:
@@ -37,6 +71,9 @@ def main() -> None:
     vocab = Vocab.build(count_words(ptb_dir() / "train.txt"))
     train = encode_file(ptb_dir() / "train.txt", vocab)
     valid = encode_file(ptb_dir() / "valid.txt", vocab)
+    peer = faster_rnnlm()
+    peer_speed = faster_rnnlm_speed(peer, args.threads, args.hidden, args.seconds) if peer else None
+    print({"faster_rnnlm": str(peer), "faster_rnnlm_words_per_s": peer_speed}, flush=True)
     rows = {}
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     for output, batch in [("class", b) for b in sizes] + [("full", sizes[0])]:
@@ -49,8 +86,13 @@ def main() -> None:
         key = f"{output}-b{batch}"
         rows[key] = {"name": f"rnn-h{args.hidden}-{key}-speed", "train_tokens_per_s": words_s,
                      "eval_tokens_per_s": eval_s, "threads": args.threads, "batch_size": batch,
-                     "seq_len": cfg.train.seq_len, "optimizer": cfg.train.optimizer,
-                     "train_speed_vs_faster_rnnlm": words_s / FASTER_RNNLM_WORDS_PER_S}
+                     "seq_len": cfg.train.seq_len, "optimizer": cfg.train.optimizer}
+        if peer_speed:
+            rows[key].update(faster_rnnlm_words_per_s=peer_speed, train_speed_vs_faster_rnnlm=words_s / peer_speed,
+                             faster_rnnlm_setup=f"sigmoid H={args.hidden}, hierarchical softmax, BPTT 32, "
+                             f"{args.threads} threads, {args.seconds:g} s, run by this script before seqlm")
+        else:
+            rows[key]["faster_rnnlm"] = "not found ($FASTER_RNNLM or ../shared/tools/faster-rnnlm): no comparison"
         print(rows[key], flush=True)
     H, V, B = args.hidden, len(vocab), 64 * 20
     ceiling = matmul_gflops([(B, H, H), (B, H, 100), (B, H, V)], torch.float32)

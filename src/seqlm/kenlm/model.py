@@ -15,6 +15,7 @@ import numpy as np
 
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
+from seqlm.ngram.scalar import scalar_scorer
 
 KENLM_BINARY_MAGIC = b"mmap lm "  # how KenLM's build_binary files begin (its binary_format.cc)
 
@@ -78,26 +79,22 @@ class Config:
 
 
 class NgramScorer:
-    """The kenlm calls on seqlm's n-gram tables (seqlm.ngram.model.NGramModel.score_word)."""
+    """The kenlm calls on seqlm's n-gram tables: the walk of NGramModel.score_word, one token per call,
+    compiled where it can be (seqlm.ngram.scalar); BaseScore is the compiled method itself."""
 
     def __init__(self, tables: NGramModel):
         self.tables, self.order, self.vocab = tables, tables.order, tables.vocab
         v = tables.vocab
         self._stoi, self._unk, self._bos, self._eos = v.stoi, v.unk_id, v.bos_id, v.eos_id
-        self._score = tables.score_word  # (context ids, word id) -> (log10 p, length, context after)
+        self._scalar = scalar_scorer(tables, self._stoi, self._unk)
+        self._score = self._scalar.score  # (context ids, word id) -> (log10 p, length, context after)
+        self.BaseScore = self._scalar.base_score  # (in_state, word, out_state) -> log10 p
 
     def begin(self) -> tuple[int, ...]:
         return (self._bos,)
 
     def null(self) -> tuple[int, ...]:
         return ()
-
-    def BaseScore(self, in_state: State, word: str, out_state: State) -> float:  # noqa: N802 (kenlm's names)
-        w = self._stoi.get(word)
-        if w is None:
-            w = self._unknown(word)
-        logp, _, out_state.words = self._score(in_state.words, w)
-        return logp
 
     def BaseFullScore(self, in_state: State, word: str, out_state: State) -> FullScoreReturn:  # noqa: N802
         w = self._stoi.get(word)
@@ -112,14 +109,11 @@ class NgramScorer:
         return self._unk
 
     def full_scores(self, words: list[str], bos: bool, eos: bool) -> Iterator[tuple[float, int, bool]]:
-        stoi, unk, score = self._stoi, self._unk, self._score
-        context = (self._bos,) if bos else ()
-        for w in [stoi.get(w, unk) for w in words]:
-            logp, length, context = score(context, w)
-            yield logp, length, w == unk  # a literal <unk> is OOV too, as kenlm (its id is 0)
-        if eos:
-            logp, length, _ = score(context, self._eos)
-            yield logp, length, False
+        # a literal <unk> is OOV too, as kenlm (its id is 0); </s> never is
+        return iter(self._scalar.full_scores((self._bos,) if bos else (), words, self._eos if eos else -1))
+
+    def sentence_score(self, words: list[str], bos: bool, eos: bool) -> float:
+        return self._scalar.sentence_score((self._bos,) if bos else (), words, self._eos if eos else -1)
 
     def next_distribution(self, states: list[State]) -> np.ndarray:
         from seqlm.eval.distribution import ngram_state_distribution
@@ -170,6 +164,8 @@ class Model:
 
     def score(self, sentence: str | bytes, bos: bool = True, eos: bool = True) -> float:
         """log10 P(sentence), summed in float32 one word after another, exactly as kenlm adds them."""
+        if isinstance(self._scorer, NgramScorer):  # the same sum in one compiled call (seqlm.ngram.scalar)
+            return self._scorer.sentence_score(_split(sentence), bos, eos)
         probs = np.array([p for p, _, _ in self.full_scores(sentence, bos, eos)], dtype=np.float32)
         return float(np.cumsum(probs, dtype=np.float32)[-1]) if len(probs) else 0.0
 

@@ -5,9 +5,10 @@ A line of order k is k + 2 pieces of text:
     'log10p\\t'  'w1'  ' w2' .. ' wk'  '\\tlog10bo\\n'   (just '\\n' at the highest order)
 
 The pieces live in one byte buffer (each word once, with a leading space; the chunk's numbers, one
-fixed-width row each, floattext.py), so a chunk of lines is one gather: the source of each output
-byte is the previous one's plus one except where a piece begins, a running sum of jumps. Python never
-touches a line or a number; memory beyond the tables is a few buffers the size of one chunk.
+fixed-width row per distinct value, floattext.py), so a chunk of lines is one gather of pieces, a
+memcpy each in compiled code (native.py) or, without it, a numpy gather whose source index is a running
+sum of jumps. Python never touches a line or a number; memory beyond the tables is a few buffers the
+size of one chunk.
 Numbers are the shortest text that reads back as the same float32, as KenLM writes them and as
 numpy's str prints a float32 ('-2.6589744', '0.0', '-inf').
 
@@ -29,6 +30,7 @@ import numpy as np
 from seqlm.checkpoint import atomic_path
 from seqlm.ngram.filearray import take_sorted
 from seqlm.ngram.floattext import WIDTH, float32_texts
+from seqlm.ngram.native import extension
 
 CHUNK = 1 << 14  # lines assembled at once: ~5 MB of text and ~40 MB of gather indices
 
@@ -49,8 +51,18 @@ class Pieces:
 
 
 def assemble(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> bytes:
-    """The pieces buf[start[i] : start[i] + length[i]] joined, in order. The source of each output byte
-    is the previous byte's plus one, except where a piece begins: a running sum of jumps."""
+    """The pieces buf[start[i] : start[i] + length[i]] joined, in order: a memcpy per piece in compiled
+    code (native.py), else numpy_assemble."""
+    ext = extension()
+    if ext is not None:
+        as_i8 = np.ascontiguousarray
+        return ext.assemble(buf, as_i8(start, dtype=np.int64), as_i8(length, dtype=np.int64))
+    return numpy_assemble(buf, start, length)
+
+
+def numpy_assemble(buf: np.ndarray, start: np.ndarray, length: np.ndarray) -> bytes:
+    """`assemble` in numpy: the source of each output byte is the previous byte's plus one, except where a
+    piece begins: a running sum of jumps."""
     some = length > 0
     start, length = start[some], length[some]  # (P,)
     if len(start) == 0:
@@ -98,9 +110,12 @@ class ArpaWriter:
             if values is None:  # the highest order: the line ends with the newline entry
                 start[:, col], length[:, col] = self.word_start[-1], 1
                 continue
-            rows, first, size = float32_texts(values, *wrap)  # (m, WIDTH), (m,), (m,)
+            # each distinct float32 (bit pattern: -0.0 is not 0.0) formatted once: back-offs repeat a lot
+            bits, which = np.unique(np.asarray(values, dtype=np.float32).view(np.uint32), return_inverse=True)
+            rows, first, size = float32_texts(bits.view(np.float32), *wrap)  # (u, WIDTH), (u,), (u,)
             self.buf[at : at + rows.size] = rows.reshape(-1)
-            start[:, col], length[:, col] = at + np.arange(m) * WIDTH + first, size
+            which = which.reshape(-1)  # (m,) the row of each line's number
+            start[:, col], length[:, col] = at + which * WIDTH + first[which], size[which]
             at += rows.size
         start[:, 1 : k + 1] = self.word_start[words]
         length[:, 1 : k + 1] = self.word_length[words]

@@ -156,9 +156,12 @@ def initial_probabilities(
         taken = disc(a) if pruned is None else np.where(pruned[k - 1], a, disc(a))  # (M_k,)
         total = np.bincount(ctx, weights=a, minlength=n_ctx)  # (M_{k-1},) a(c.)
         mass = np.bincount(ctx, weights=taken, minlength=n_ctx)  # (M_{k-1},) left for lower orders
+        u = np.subtract(a, taken, out=taken)  # (M_k,) then in place: (a - taken) / a(c.), in taken's memory
+        del taken
         with np.errstate(divide="ignore", invalid="ignore"):
             gammas.append(mass / total)  # NaN where c is never followed by anything
-            us.append((a - taken) / total[ctx])
+            u /= total[ctx]
+            us.append(u)
     return Initial(us, gammas)
 
 
@@ -219,10 +222,13 @@ def estimate(
 
     `counts` may be given already counted (the bounded-memory counter, external.py).
     """
+    own = counts is None
     counts = counts or count_ngrams(stream, bos_id, vocab_size, order)
     adjusted = adjust_counts(counts)
     discounts = compute_discounts(adjusted, fallback)
     pruned = prune_marks(counts, list(prune))
+    if own:  # the raw counts are done with: free them before the two stages that peak in memory
+        counts.counts.clear()
     initial = initial_probabilities(counts, adjusted, discounts, pruned)
     del adjusted
     log_p, backoffs = interpolate(counts, initial)

@@ -8,10 +8,11 @@
     m.BeginSentenceWrite(s); m.BaseScore(s, "the", t)   # incremental scoring for decoders
     m.score_corpus(["the cat sat", "a dog"])    # batched numpy path: one lookup per order for all tokens
 
-Sentences and decoder steps go through NGramModel.score_word (Python scalars, one token at a time);
-whole corpora and the LanguageModel protocol through NGramModel.walk (one array lookup per order for all
-tokens); tests hold the two equal. A binary model (binary.py) makes each lookup a hash probe instead of
-a binary search.
+Sentences (full_scores) and whole corpora (score_corpus) run the compiled per-token walk (scalar.py)
+where it could be built; decoder steps (BaseScore), and sentences without it, go through
+NGramModel.score_word (Python scalars, one token at a time); corpora without it and the LanguageModel
+protocol through NGramModel.walk (one array lookup per order for all tokens). Tests hold them all equal.
+A binary model (binary.py) makes each lookup a hash probe instead of a binary search.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
+from seqlm.ngram.scalar import scalar_scorer
 
 
 @dataclass
@@ -77,6 +79,7 @@ class NgramModel:
         self.model = model if isinstance(model, NGramModel) else load_tables(model)
         self.vocab = self.model.vocab
         self.order = self.model.order
+        self._compiled = False  # the compiled walk (scalar.py), built on first use; None where it cannot be
 
     def __repr__(self) -> str:
         return f"NgramModel(order={self.order}, sizes={self.model.sizes})"
@@ -92,8 +95,13 @@ class NgramModel:
         words = sentence.split() if isinstance(sentence, str) else sentence
         stoi, unk = self.vocab.stoi, self.vocab.unk_id
         context: tuple[int, ...] = (self.vocab.bos_id,) if bos else ()
+        ids = [stoi.get(w, unk) for w in words] + ([self.vocab.eos_id] if eos else [])
+        if self._scalar() is not None:  # the compiled walk: the same numbers as score_word's
+            probs, lengths, _ = self._compiled.walk(context, ids)
+            yield from zip(probs, lengths, [w == unk for w in ids], strict=True)
+            return
         score = self.model.score_word
-        for w in [stoi.get(w, unk) for w in words] + ([self.vocab.eos_id] if eos else []):
+        for w in ids:
             logp, length, context = score(context, w)
             yield logp, length, w == unk  # as KenLM: whatever maps to <unk>, a literal <unk> too
 
@@ -125,6 +133,12 @@ class NgramModel:
         logp, length, out_state.words = self.model.score_word(in_state.words, word_id)
         return logp, length
 
+    def _scalar(self):
+        """The compiled per-token walk (scalar.py), built on first use; None where it cannot be."""
+        if self._compiled is False:
+            self._compiled = scalar_scorer(self.model, self.vocab.stoi, self.vocab.unk_id, compiled_only=True)
+        return self._compiled
+
     # ---- whole corpora --------------------------------------------------------------------------
 
     def score_corpus(self, sentences: Iterable[str | list[str]] | TokenStream) -> CorpusScores:
@@ -135,7 +149,10 @@ class NgramModel:
             oov = ids == self.vocab.unk_id
         else:
             ids, starts, oov = self._encode(sentences)
-        logp, length = score_stream(self.model, ids, starts)
+        if self._scalar() is not None:
+            logp, length = compiled_stream(self._compiled, ids, starts, self.vocab.bos_id)
+        else:
+            logp, length = score_stream(self.model, ids, starts)
         return CorpusScores(logp, length, oov, starts)
 
     def _encode(self, sentences: Iterable[str | list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -148,6 +165,16 @@ class NgramModel:
             starts.append(len(ids))
         ids_array = np.array(ids, dtype=np.int64)
         return ids_array, np.array(starts, dtype=np.int64), ids_array == unk
+
+
+def compiled_stream(scorer, ids: np.ndarray, starts: np.ndarray, bos: int) -> tuple[np.ndarray, np.ndarray]:
+    """score_stream's numbers from the compiled walk (scalar.py): one pass over the tokens."""
+    n = len(ids)
+    is_start = np.zeros(n, dtype=bool)  # (N,)
+    is_start[starts[:-1][np.diff(starts) > 0]] = True
+    logp, length = np.empty(n), np.empty(n, dtype=np.int64)  # (N,)
+    scorer.stream(np.ascontiguousarray(ids, dtype=np.int64), is_start, bos, logp, length)
+    return logp, length
 
 
 def score_stream(model: NGramModel, ids: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,120 @@
+"""One token at a time over an NGramModel: the per-call path of kenlm.Model.BaseScore and full_scores.
+
+NGramModel.score_word is the readable reference. When a decoder calls once per word, the interpreter's
+steps are the whole cost (docs/ngram.md, "Where the time goes"), so `scalar_scorer` returns the same
+walk compiled (_native.cpp's Scorer, see native.py). Where that cannot be built, or SEQLM_NATIVE=0,
+the loop below in Python does it, with the same numbers:
+- the tables are memoryviews in the machine's native format (one C read per item; a '<q' view goes
+  through the struct module), gathered per order once, not per call;
+- the home slot is `(q * FIB >> shift) & mask`: one big-int operation fewer than index.py's form;
+- an order without a slot table (a model parsed from ARPA) gets one built here (index.py), so every
+  order is a hash probe, never a binary search.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqlm.ngram.index import FIB_INT, build_slots, table_bits
+from seqlm.ngram.model import NGramModel
+from seqlm.ngram.native import extension
+
+
+def _native(a, dtype: str) -> np.ndarray:
+    """`a` as a contiguous array of `dtype` in the machine's byte order (no copy when it already is)."""
+    return np.ascontiguousarray(a, dtype=np.dtype(dtype).newbyteorder("="))
+
+
+def tables(model: NGramModel) -> tuple[np.ndarray, list[tuple]]:
+    """The unigram log10 p (V,) and, per order k + 1 >= 2: keys, log10 p, order k's back-off, the hash
+    slots, their item size and the table bits (index.py)."""
+    orders = []
+    for k in range(1, model.order):
+        slots = np.asarray(model.index[k] if model.index[k] is not None else build_slots(model.keys[k]))
+        slots = _native(slots, slots.dtype.str)
+        orders.append((_native(model.keys[k], "i8"), _native(model.log10_prob[k], "f4"),
+                       _native(model.log10_backoff[k - 1], "f4"), slots, slots.itemsize,
+                       table_bits(len(model.keys[k]))))
+    return _native(model.log10_prob[0], "f4"), orders
+
+
+def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, compiled_only: bool = False):
+    """The compiled scorer when it can be built, else ScalarScorer (None if compiled_only): both have
+    score, walk, full_scores, sentence_score, stream and base_score."""
+    ext = extension()
+    if ext is None and compiled_only:
+        return None
+    unigram, orders = tables(model)
+    if ext is not None:
+        return ext.Scorer(len(model.vocab), model.order - 1, unigram, orders, stoi, unk)
+    return ScalarScorer(len(model.vocab), model.order - 1, unigram, orders, stoi, unk)
+
+
+class ScalarScorer:
+    """The compiled scorer's loop in Python: `score(context, word)` == NGramModel.score_word."""
+
+    def __init__(self, V: int, cut: int, unigram: np.ndarray, orders: list[tuple], stoi: dict[str, int], unk: int):
+        self.V, self.cut, self.stoi, self.unk = V, cut, stoi, unk
+        self.unigram = memoryview(unigram)
+        self.orders = [(memoryview(keys), memoryview(probs), memoryview(backoff), memoryview(slots),
+                        64 - bits, (1 << bits) - 1) for keys, probs, backoff, slots, _, bits in orders]
+
+    def score(self, context: tuple[int, ...], word: int) -> tuple[float, int, tuple[int, ...]]:
+        """log10 p(word | context), the matched n-gram length and the context after `word`."""
+        V = self.V
+        logp, length, k = self.unigram[word], 1, 1
+        after = [word]
+        for c, (keys, probs, backoff, slots, shift, mask) in zip(context, self.orders):
+            k += 1
+            hit = -1
+            if c >= 0:
+                q = c * V + word
+                pos = (q * FIB_INT >> shift) & mask
+                hit = slots[pos]
+                while hit >= 0 and keys[hit] != q:
+                    pos += 1
+                    hit = slots[pos]
+                if hit >= 0:
+                    logp, length = probs[hit], k
+                else:
+                    logp += backoff[c]
+            after.append(hit)
+        return logp, length, tuple(after[: min(length, self.cut)])
+
+    def walk(self, context: tuple[int, ...], ids: list[int]) -> tuple[list[float], list[int], tuple[int, ...]]:
+        """`score` along ids: their log10 p, their matched lengths, and the context after the last."""
+        probs, lengths = [], []
+        for w in ids:
+            logp, length, context = self.score(context, w)
+            probs.append(logp)
+            lengths.append(length)
+        return probs, lengths, context
+
+    def full_scores(self, context: tuple[int, ...], words: list[str], eos: int) -> list[tuple[float, int, bool]]:
+        """(log10 p, length, OOV) of each word (unknown ones, and a literal <unk>, are OOV), then of </s>
+        when eos >= 0 (its id)."""
+        ids = [self.stoi.get(w, self.unk) for w in words]
+        probs, lengths, _ = self.walk(context, ids + [eos] * (eos >= 0))
+        return list(zip(probs, lengths, [w == self.unk for w in ids] + [False] * (eos >= 0), strict=True))
+
+    def sentence_score(self, context: tuple[int, ...], words: list[str], eos: int) -> float:
+        """log10 P of the words (then </s> when eos >= 0) as kenlm sums it: float32, word after word."""
+        probs = np.array([p for p, _, _ in self.full_scores(context, words, eos)], dtype=np.float32)
+        return float(np.cumsum(probs, dtype=np.float32)[-1]) if len(probs) else 0.0
+
+    def stream(self, ids: np.ndarray, starts: np.ndarray, bos: int, logp: np.ndarray, length: np.ndarray) -> None:
+        """Score sentences laid end to end (ids (N,) int64), the context reset to <s> where starts (N,) bool
+        is set, into logp (N,) float64 and length (N,) int64."""
+        context: tuple[int, ...] = ()
+        for t, (w, start) in enumerate(zip(ids.tolist(), starts.tolist(), strict=True)):
+            logp[t], length[t], context = self.score((bos,) if start else context, w)
+
+    def base_score(self, in_state, word: str, out_state) -> float:
+        """kenlm's BaseScore: log10 p(word | in_state.words); out_state.words becomes the context after it."""
+        w = self.stoi.get(word)
+        if w is None:
+            if not isinstance(word, str):
+                raise TypeError(f"Argument 'word' has incorrect type (expected str, got {type(word).__name__})")
+            w = self.unk
+        logp, _, out_state.words = self.score(in_state.words, w)
+        return logp

@@ -1,0 +1,46 @@
+"""Estimation's fast paths against the numpy calls they replace, exactly.
+
+counts.unique against np.unique (packed-sort path and the fallback for keys too wide to pack); the
+compiled ARPA line assembly against the numpy one and plain slicing. (ARPA files as a whole are held
+byte for byte against a line-by-line reference writer in test_ngram_arpa_write.py, on both paths.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqlm.ngram.arpa_write import numpy_assemble
+from seqlm.ngram.counts import unique
+from seqlm.ngram.native import extension
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**62), max_size=200), st.integers(1, 40), st.integers(0, 5))
+def test_unique_equals_numpy_unique(values: list[int], spread: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    narrow = rng.integers(0, spread, size=len(values) * 3)  # many repeats, packable
+    for key in (np.array(values, dtype=np.int64), narrow.astype(np.int64)):  # wide values: the fallback
+        got = unique(key)
+        want = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == np.int64 and np.array_equal(g, w.reshape(-1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(min_size=1, max_size=300), st.lists(st.tuples(st.integers(0, 299), st.integers(0, 20)), max_size=80))
+def test_compiled_assemble_equals_numpy_and_slicing(data: bytes, pieces: list[tuple[int, int]]) -> None:
+    ext = extension()
+    if ext is None:
+        pytest.skip("the compiled loops could not be built here")
+    buf = np.frombuffer(data, dtype=np.uint8)
+    pieces = [(a % len(data), min(n, len(data) - a % len(data))) for a, n in pieces]
+    start = np.array([a for a, _ in pieces], dtype=np.int64)
+    length = np.array([n for _, n in pieces], dtype=np.int64)
+    want = b"".join(data[a : a + n] for a, n in pieces)
+    assert ext.assemble(buf, start, length) == want == numpy_assemble(buf, start, length)
+    if len(pieces):
+        with pytest.raises(ValueError, match="outside the buffer"):
+            ext.assemble(buf, start, length + len(data) + 1)

@@ -1,0 +1,140 @@
+"""The per-call scorer (seqlm.ngram.scalar): compiled and Python loops against NGramModel.score_word.
+
+References: score_word (the readable walk) on the KenLM oracle's models, pruned ones included (their
+n-grams need not have every suffix listed), loaded from ARPA (slot tables built by the scorer) and from
+the binary format (its own int32 slot tables); every (context, word) a random walk reaches, plus
+contexts with unlisted (-1) entries. The compiled scorer must build here (a C++ compiler and ninja);
+outside CI a machine without them skips those cases, the Python loop is still checked.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from seqlm.ngram import NGramModel
+from seqlm.ngram.binary import read_binary, write_binary
+from seqlm.ngram.native import extension
+from seqlm.ngram.query import compiled_stream, score_stream
+from seqlm.ngram.scalar import ScalarScorer, scalar_scorer, tables
+from test_kn import ORACLE, needs_oracle
+
+MODELS = ["kn3", "kn5", "kn3-prune01", "kn5-prune00112"]
+
+
+class State:
+    __slots__ = ("words",)
+
+    def __init__(self, words: tuple[int, ...] = ()):
+        self.words = words
+
+
+def _scorers(model: NGramModel) -> list:
+    stoi, unk = model.vocab.stoi, model.vocab.unk_id
+    out = [ScalarScorer(len(model.vocab), model.order - 1, *tables(model), stoi, unk)]
+    if extension() is not None:
+        out.append(scalar_scorer(model, stoi, unk))
+    elif os.environ.get("CI"):
+        raise AssertionError("the compiled scorer did not build")
+    return out
+
+
+def _walk(model: NGramModel, rng: random.Random, n: int) -> tuple[list[tuple[int, ...]], list[int]]:
+    """(context, word) pairs of a walk over the oracle's training text, so that long n-grams match and
+    miss at every order, with some random words and contexts with entries knocked out to -1."""
+    text = (ORACLE / "train.txt").read_text().split()
+    start = rng.randrange(len(text) - n)
+    words = [model.vocab.stoi.get(w, model.vocab.unk_id) for w in text[start:start + n]]
+    contexts, context = [], (model.vocab.bos_id,)
+    for i, w in enumerate(words):
+        if rng.random() < 0.1:
+            words[i] = w = rng.randrange(len(model.vocab))
+        if rng.random() < 0.1 and len(context) > 1:
+            context = tuple(-1 if rng.random() < 0.5 else c for c in context)
+        contexts.append(context)
+        _, _, context = model.score_word(context, w)
+    return contexts + [()], words + [model.vocab.eos_id]
+
+
+@needs_oracle
+@pytest.mark.parametrize("source", ["arpa", "binary"])
+@pytest.mark.parametrize("name", MODELS)
+def test_scorers_equal_score_word(name: str, source: str, tmp_path) -> None:
+    model = NGramModel.from_arpa(ORACLE / f"{name}.arpa.gz")
+    if source == "binary":
+        write_binary(model, tmp_path / "m.bin")
+        model = read_binary(tmp_path / "m.bin")
+    contexts, words = _walk(model, random.Random(0), 1000)
+    for scorer in _scorers(model):
+        for context, w in zip(contexts, words, strict=True):
+            assert scorer.score(context, w) == model.score_word(context, w), (type(scorer), context, w)
+        probs, lengths, after = scorer.walk((model.vocab.bos_id,), words)  # a whole sentence at once
+        context = (model.vocab.bos_id,)
+        for w, p, n in zip(words, probs, lengths, strict=True):
+            logp, length, context = model.score_word(context, w)
+            assert (p, n) == (logp, length)
+        assert after == context
+
+
+@needs_oracle
+def test_base_score_sets_the_state_and_refuses_non_strings() -> None:
+    model = NGramModel.from_arpa(ORACLE / "kn3.arpa.gz")
+    word = model.vocab.itos[10]
+    for scorer in _scorers(model):
+        start, out = State((model.vocab.bos_id,)), State()
+        assert scorer.base_score(start, word, out) == model.score_word(start.words, 10)[0]
+        assert out.words == model.score_word(start.words, 10)[2]
+        assert scorer.base_score(out, "no-such-word", out) == model.score_word(
+            model.score_word(start.words, 10)[2], model.vocab.unk_id)[0]  # unknown: <unk>, in place
+        with pytest.raises(TypeError, match="expected str"):
+            scorer.base_score(start, 3, out)
+        with pytest.raises(IndexError):
+            scorer.score((), len(model.vocab))
+
+
+@needs_oracle
+@pytest.mark.parametrize("name", ["kn5", "kn5-prune00112"])
+def test_stream_equals_the_array_walk(name: str) -> None:
+    """score_corpus's compiled walk (several sentences side by side) against NGramModel.walk, exactly."""
+    model = NGramModel.from_arpa(ORACLE / f"{name}.arpa.gz")
+    rng = random.Random(1)
+    lengths = [rng.choice([0, 1, 2, 5, 9, 30]) for _ in range(150)]  # empty sentences too
+    ids = np.array(_walk(model, rng, sum(lengths))[1][:-1], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    expected = score_stream(model, ids, starts)
+    for scorer in _scorers(model):
+        got = compiled_stream(scorer, ids, starts, model.vocab.bos_id)
+        assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]), type(scorer)
+
+
+@needs_oracle
+def test_full_scores_equal_the_id_walk() -> None:
+    model = NGramModel.from_arpa(ORACLE / "kn5.arpa.gz")
+    words = (ORACLE / "query.txt").read_text().split()[:300] + ["<unk>", "no-such-word"]
+    ids = [model.vocab.stoi.get(w, model.vocab.unk_id) for w in words]
+    for scorer in _scorers(model):
+        for bos, eos in ((True, True), (False, False)):
+            context = (model.vocab.bos_id,) if bos else ()
+            probs, lengths, _ = scorer.walk(context, ids + [model.vocab.eos_id] * eos)
+            oov = [w == model.vocab.unk_id for w in ids] + [False] * eos
+            want = list(zip(probs, lengths, oov, strict=True))
+            assert scorer.full_scores(context, words, model.vocab.eos_id if eos else -1) == want
+            assert want[-1 - eos][2] and want[-2 - eos][2]  # both unknowns flagged
+
+
+@needs_oracle
+def test_sentence_score_is_kenlms_float32_sum() -> None:
+    """sentence_score against the float32 running sum of full_scores' log10 p (what kenlm.Model.score does)."""
+    model = NGramModel.from_arpa(ORACLE / "kn5.arpa.gz")
+    lines = (ORACLE / "query.txt").read_text().splitlines()[:60] + ["", "no-such-word <unk>"]
+    for scorer in _scorers(model):
+        for line in lines:
+            for context, eos in (((model.vocab.bos_id,), model.vocab.eos_id), ((), -1)):
+                probs = [p for p, _, _ in scorer.full_scores(context, line.split(), eos)]
+                total = np.float32(0)
+                for p in probs:
+                    total = np.float32(total + np.float32(p))
+                assert scorer.sentence_score(context, line.split(), eos) == float(total)
