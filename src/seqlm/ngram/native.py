@@ -9,6 +9,8 @@ Where it cannot be built, a warning says so once and the twins run; SEQLM_NATIVE
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -24,6 +26,8 @@ def extension():
             try:
                 from torch.utils.cpp_extension import load
 
+                if shutil.which("ninja") is None:  # the `ninja` wheel (a dependency) sits beside this interpreter
+                    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
                 _MODULE = load("_seqlm_native", [str(Path(__file__).with_name("_native.cpp"))],
                                extra_cflags=["-O2"], verbose=False)
             except Exception as e:  # noqa: BLE001 (no compiler, no ninja: the twins give the same results)
