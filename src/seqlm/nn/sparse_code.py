@@ -19,6 +19,7 @@ embeddings never saw) becomes one more base word with a one-hot code.
 from __future__ import annotations
 
 import gzip
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,9 +66,9 @@ class CodeBook:
                 for n, line in enumerate(f, 2):
                     word, _, rest = line.rstrip("\n").partition("\t")
                     pairs = [(int(j), float(v)) for j, v in (p.split(":") for p in rest.split())]
-                    if not word or any(not 0 <= j < num_base or v < 0 for j, v in pairs):
+                    if not word or any(not (0 <= j < num_base and 0 <= v < math.inf) for j, v in pairs):  # NaN fails
                         raise SeqlmError(f"{path}:{n}: bad code line (word<TAB>index:value ..., 0 <= index < "
-                                         f"{num_base}, values >= 0)")
+                                         f"{num_base}, values finite and >= 0)")
                     if len(base) < num_base:
                         base.append(word)
                     codes[word] = pairs
