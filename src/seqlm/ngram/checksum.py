@@ -8,7 +8,7 @@ What it catches, for sure: any change confined to one word (an odd K_i makes w -
 mod 2^64), a change in length; with probability ~1 - 2^-64 for unstructured damage: zeroed or
 overwritten ranges, words moved within or across blocks. It is not a cryptographic hash: someone who
 edits a file on purpose can forge it. It runs at memory speed (numpy multiply and sum over a block
-that stays in cache: ~5 ms for the 64 MB PTB KN5 binary, where zlib.crc32 takes ~27 ms).
+that stays in cache: 8-10 ms for the 64 MB PTB KN5 binary, where zlib.crc32 takes 27 ms).
 """
 
 from __future__ import annotations
