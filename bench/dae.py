@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from seqlm.dsae import dsae_report
+from seqlm.eval.dsae import dsae_report
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
@@ -217,7 +217,7 @@ def _code_usage(out: Path, data: Path) -> dict:
     """Distinct symbols, entropy and constant bits of a trained dae model's code on the test split."""
     import seqlm
     from seqlm.data.corpus import encode_file
-    from seqlm.dsae import code_usage
+    from seqlm.eval.dsae import code_usage
 
     model = seqlm.load(out)
     return code_usage(model, encode_file(data / "test.txt", model.vocab, unit=model.data_config.unit))
