@@ -83,6 +83,9 @@ def merge_rows(name: str, rows: list[dict], extra: dict | None = None) -> Path:
 
     Every row gets `runs`: the provenance of each invocation that produced it. A row with `"resumed": True`
     continued an earlier invocation's checkpoint, so the earlier row's runs are kept in front of this one.
+    A row that continues another row's checkpoint (a chained stage) passes that row's runs as `stage_runs`:
+    they go first, each marked with the `stage` (row) it ran, and the row's own `command` is its own first
+    invocation, the one that reproduces the whole chain.
     """
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
@@ -98,12 +101,17 @@ def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -
     for r in rows:
         earlier = by_name.get(r["name"], {}).get("runs", []) if r.get("resumed") else []
         here = provenance(r.get("threads") or torch.get_num_threads())
-        runs = list(earlier)
-        if not runs or runs[-1]["started"] != here["started"]:  # a script may write its row more than once
-            runs.append(here)
+        runs = _chain(r.get("stage_runs", []), earlier, r["name"])
+        if "stage_runs" in r:
+            here["stage"] = r["name"]
+        last = runs[-1] if runs else {}
+        if last.get("started") == here["started"] and last.get("stage", r["name"]) == r["name"]:
+            runs[-1] = here  # a script may write its row more than once
         else:
-            runs[-1] = here
-        first = runs[0]  # the row's own provenance is the invocation that started it; `runs` lists them all
+            runs.append(here)
+        # the row's own provenance is the invocation that started it (its own stage's); `runs` lists them all
+        first = next((x for x in runs if x.get("stage", r["name"]) == r["name"]), runs[0])
+        r = {k: v for k, v in r.items() if k != "stage_runs"}
         by_name[r["name"]] = {**r, "command": first["command"], "git_rev": first["git_rev"],
                               "dirty": any(x["git_rev"].endswith("-dirty") for x in runs),
                               "started": first["started"], "ended": runs[-1]["ended"],
@@ -122,6 +130,18 @@ def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def _chain(stage_runs: list[dict], earlier: list[dict], name: str) -> list[dict]:
+    """The earlier stages' runs (marked with their stage by the caller), then this row's earlier runs (marked
+    with `name` in a chain); each invocation once (a resumed row's own runs hold the stages it recorded)."""
+    out, seen = [], set()
+    for x in [*stage_runs, *({**x, "stage": x.get("stage", name)} if stage_runs else x for x in earlier)]:
+        key = (x["command"], x["started"], x.get("stage"))  # one invocation may run several stages
+        if key not in seen:
+            seen.add(key)
+            out.append(x)
+    return out
 
 
 def matmul_gflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype, device: str = "cpu",

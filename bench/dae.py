@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from seqlm.dsae import dsae_report
+from seqlm.eval.dsae import dsae_report
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
@@ -83,7 +83,9 @@ ROWS |= {"word-baseline-10ep": ["--peek", "false", *WORD_10EP], "word-semhash-10
 for _std in ("0", "0.5", "1.5"):
     ROWS[f"noise-{_std}-3ep-fixedpos-balance"] = [*ROWS["char-semhash-3ep-fixedpos-balance"], "--noise-std", _std]
 # the 3-epoch pair continued to 6, then 12 epochs from its checkpoints (the rate is constant, so each is one
-# longer run); row -> (the row whose run it continues, epochs, minutes allowed per call)
+# longer run); row -> (the row whose run it continues, epochs, minutes allowed per call). Running a continued
+# row runs the stages before it that have no finished checkpoint here (a fresh checkout: all of them), and
+# its `runs` lists every stage's invocations, each marked with its `stage`.
 CONTINUED = {"char-baseline-6ep-fixedpos": ("char-baseline-3ep-fixedpos", 6, 25),
              "char-semhash-6ep-fixedpos-balance": ("char-semhash-3ep-fixedpos-balance", 6, 25),
              "char-baseline-12ep-fixedpos": ("char-baseline-6ep-fixedpos", 12, 45),
@@ -139,10 +141,42 @@ def _saved_rows() -> dict[str, dict]:
     return {r["name"]: r for r in json.loads(path.read_text())["rows"]} if path.exists() else {}
 
 
+STAGE_RUNS = "stage_runs.json"  # in a continued row's checkpoint: the runs of the stages it was copied from
+
+
+def _epochs(name: str) -> int:
+    recipe = _last_wins(COMMON + ROWS[name])
+    return int(recipe[recipe.index("--max-epochs") + 1])
+
+
+def _chain(name: str) -> list[str]:
+    """The rows whose runs `name` continues, first stage first."""
+    return [*_chain(CONTINUED[name][0]), CONTINUED[name][0]] if name in CONTINUED else []
+
+
+def _stage(src: str, args: argparse.Namespace) -> list[dict]:
+    """Row `src` run to its end (its finished checkpoint reused, else trained or resumed now, its row written):
+    its runs, each marked with the stage it ran."""
+    status, saved = run_status(CHECKPOINTS / "dae" / src), _saved_rows().get(src)
+    if saved is None or not (status["done"] or status["epoch"] >= _epochs(src)):
+        print(f"dae: running stage {src} first", file=sys.stderr, flush=True)
+        row = run_row(src, args)
+        merge_rows("dae", [row])
+        print(json.dumps({k: v for k, v in row.items() if k not in ("config", "stage_runs")}), flush=True)
+        saved = _saved_rows()[src]
+    return [{**x, "stage": x.get("stage", src)} for x in saved["runs"]]
+
+
 def run_row(name: str, args: argparse.Namespace) -> dict:
     out = CHECKPOINTS / "dae" / name
-    if name in CONTINUED and not out.exists():
-        shutil.copytree(CHECKPOINTS / "dae" / CONTINUED[name][0], out)  # continue that row's run
+    copied, stage_runs = False, None
+    if name in CONTINUED and not out.exists():  # continue the previous stage's run, running it first if needed
+        stage_runs = _stage(CONTINUED[name][0], args)
+        shutil.copytree(CHECKPOINTS / "dae" / CONTINUED[name][0], out)
+        (out / STAGE_RUNS).write_text(json.dumps(stage_runs))
+        copied = True
+    elif name in CONTINUED and (out / STAGE_RUNS).exists():
+        stage_runs = json.loads((out / STAGE_RUNS).read_text())
     resumed = run_status(out)["epoch"] > 0
     recipe = _last_wins((SYNTHETIC if name.startswith("synthetic") else COMMON) + ROWS[name])
     if args.minutes and "--max-minutes" in recipe:
@@ -156,8 +190,10 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
     row = {"name": name, "unit": unit, "recipe": " ".join(recipe), "test_ppl": result["test_ppl"],
            "valid_ppl": result["valid_ppl"], "test_tokens": result["test_tokens"],
            "train_minutes": sum(h["epoch_seconds"] for h in hist) / 60,
-           "train_tokens": sum(h["train_tokens"] for h in hist), "threads": args.threads, "resumed": resumed,
-           "config": cfg["model"]}
+           "train_tokens": sum(h["train_tokens"] for h in hist), "threads": args.threads,
+           "resumed": resumed and not copied, "config": cfg["model"]}  # copied: a new run of this stage
+    if stage_runs is not None:
+        row.update(chain=_chain(name), stage_runs=stage_runs)
     row["train_tokens_per_s"] = row["train_tokens"] / max(row["train_minutes"] * 60, 1e-9)
     if unit == "char":
         row["test_bpc"] = math.log2(result["test_ppl"])
@@ -181,7 +217,7 @@ def _code_usage(out: Path, data: Path) -> dict:
     """Distinct symbols, entropy and constant bits of a trained dae model's code on the test split."""
     import seqlm
     from seqlm.data.corpus import encode_file
-    from seqlm.dsae import code_usage
+    from seqlm.eval.dsae import code_usage
 
     model = seqlm.load(out)
     return code_usage(model, encode_file(data / "test.txt", model.vocab, unit=model.data_config.unit))
@@ -295,7 +331,7 @@ def main() -> None:
             sys.exit(f"unknown row {name}; choose from {', '.join([*ROWS, *extra])}")
         row = extra[name](args) if name in extra else run_row(name, args)
         merge_rows("dae", [row])
-        print(json.dumps({k: v for k, v in row.items() if k != "config"}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("config", "stage_runs")}), flush=True)
     plot(RESULTS / "dae.png")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from seqlm import fofe_collisions
+from seqlm.eval import fofe_collisions
 
 from common import RESULTS, merge_rows, ptb_dir
 

@@ -16,20 +16,38 @@ ROOT = RESULTS.parent
 COLUMNS = ["name", "order", "alpha", "epsilon", "colliding", "sequences", "prefixes", "valid_ppl", "test_ppl",
            "test_ppl_stream", "paper_test_ppl", "params", "epochs",
            "finished", "precision", "train_seconds", "train_tokens_per_s", "tokens_per_s", "eval_tokens_per_s",
-           "fraction_of_ceiling", "estimate_seconds"]
+           "fraction_of_ceiling", "ceiling_fraction_unpaired", "estimate_seconds"]
+UNPAIRED = ("`ceiling_fraction_unpaired`: a training run's average speed over its whole run divided by a "
+            "matmul ceiling sampled for 1.5 s once the run ended, under whatever load the shared machine had "
+            "then (the transformer recipe's shapes measured from 168 to 468 GFLOP/s on different minutes), so "
+            "it does not measure the model's efficiency. `fraction_of_ceiling` is only given for speed rows, "
+            "whose every timing is paired with a ceiling measured right after it (the median of the rounds "
+            "where a row has several).")
 
 
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    if isinstance(v, list) and v and all(isinstance(x, int | float) for x in v):  # rounds of a speed row
+        return f"{sorted(v)[len(v) // 2]:.4g} (median of {len(v)})"
     return "" if v is None else str(v)
 
 
+def _shown(r: dict) -> dict:
+    """The row as the table shows it: a fraction of the ceiling only where the speed and the ceiling were
+    measured moments apart (speed rows); a training row's ratio under its own label (UNPAIRED)."""
+    if "fraction_of_ceiling" not in r or "median_fraction_of_ceiling" in r or "fraction_of_ceiling_rounds" in r:
+        return r
+    return {**{k: v for k, v in r.items() if k != "fraction_of_ceiling"},
+            "ceiling_fraction_unpaired": r["fraction_of_ceiling"]}
+
+
 def table(doc: dict) -> str:
-    cols = [c for c in COLUMNS if any(c in r for r in doc["rows"])]
+    rows = [_shown(r) for r in doc["rows"]]
+    cols = [c for c in COLUMNS if any(c in r for r in rows)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in doc["rows"]]
-    return "\n".join(lines)
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines + (["", UNPAIRED] if "ceiling_fraction_unpaired" in cols else []))
 
 
 def _code(text) -> str:
@@ -202,7 +220,21 @@ def backfill(path: Path) -> list[tuple[str, str]]:
     return lines
 
 
+def name_clashes(paths: list[Path]) -> list[str]:
+    """A row name used by two rows (in one file or in two) whose figures differ: a reader quoting the name
+    cannot tell which row it means. Rows mirrored into another table with the same figures are fine."""
+    seen: dict[str, list[tuple[str, str]]] = {}
+    for path in paths:
+        for r in json.loads(path.read_text())["rows"]:
+            seen.setdefault(r["name"], []).append((path.name, _content(r)))
+    return [f"row {name} in {' and '.join(f for f, _ in rows)} with different figures; rename one"
+            for name, rows in seen.items() if len({c for _, c in rows}) > 1]
+
+
 def main() -> None:
+    clashes = name_clashes(sorted(RESULTS.glob("*.json")))
+    if clashes:
+        sys.exit("bench/render.py: " + "\n".join(clashes))
     if "--backfill" in sys.argv[1:]:
         for path in sorted(RESULTS.glob("*.json")):
             grouped: dict[str, list[str]] = {}

@@ -315,9 +315,9 @@ def run_row(name: str, args) -> dict:
     if name.startswith("gcide-all-"):
         return run_all_row(name, name.removeprefix("gcide-all-"), args)
     corpus, _, variant = name.partition("-")
-    if corpus not in CORPORA or variant not in [*VARIANTS, "kn5"]:
+    if corpus not in CORPORA or variant not in [*VARIANTS, "kn5-200k"]:
         raise SystemExit(f"unknown row {name}")
-    if variant == "kn5":
+    if variant == "kn5-200k":  # not "kn5": kn_scale.json's ptb-kn5 / gcide-kn5 are the whole corpora
         return run_kn5(name, corpus)
     extra = {"recipe": f"1 epoch over the first {TRAIN_TOKENS[corpus]} training tokens; valid/test: the first "
                        f"{EVAL_TOKENS} tokens", "objective_note": "train_ppl of NCE rows is exp(NCE loss)"}

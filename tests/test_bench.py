@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -15,6 +16,7 @@ from fofe_ptb import ROWS, flops_per_token  # noqa: E402
 
 WRITER = """
 import sys
+from pathlib import Path
 sys.path.insert(0, {bench!r})
 from common import merge_rows
 for i in range(15):
@@ -55,3 +57,90 @@ def test_each_row_records_its_own_runs_and_a_resumed_row_keeps_the_earlier_ones(
     monkeypatch.setitem(common.RUN, "started", "fresh")
     common.merge_rows("t", [{"name": "r", "v": 3}])  # started over: only this run produced it
     assert len(json.loads((tmp_path / "t.json").read_text())["rows"][0]["runs"]) == 1
+
+
+def test_a_chained_row_runs_its_stages_from_nothing_and_records_every_stage(tmp_path, monkeypatch):
+    """`--rows char-semhash-12ep-fixedpos-balance` on a fresh checkout (no checkpoints) trains the 3-, 6- and
+    12-epoch stages in order, each from the previous one's checkpoint; the row's `runs` lists all three."""
+    import argparse
+
+    import dae
+
+    import common
+
+    calls = []
+
+    def fake_train(family, data, out, config, flags, resume):  # stands in for seqlm train: epochs in a file
+        out = Path(out)
+        epochs = int(flags[flags.index("--max-epochs") + 1])
+        done = json.loads((out / "status.json").read_text())["epoch"] if (out / "status.json").exists() else 0
+        assert resume == (done > 0)
+        calls.append((out.name, done, epochs))
+        out.mkdir(parents=True, exist_ok=True)
+        hist = [{"epoch_seconds": 60.0, "train_tokens": 1000} for _ in range(epochs)]
+        (out / "status.json").write_text(json.dumps({"epoch": epochs, "history": hist}))
+        (out / "config.json").write_text(json.dumps({"data": {"unit": "char"}, "model": {"bits": 16, "k": 3}}))
+        return {"test_ppl": 3.0 - epochs / 100, "valid_ppl": 3.0, "test_tokens": 100}
+
+    def fake_status(out):
+        path = Path(out) / "status.json"
+        s = json.loads(path.read_text()) if path.exists() else {"epoch": 0, "history": []}
+        return {**s, "done": False}
+
+    for module in (common, dae):
+        monkeypatch.setattr(module, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(dae, "CHECKPOINTS", tmp_path / "checkpoints")
+    monkeypatch.setattr(dae, "train_from_cli", fake_train)
+    monkeypatch.setattr(dae, "run_status", fake_status)
+    monkeypatch.setattr(dae, "_code_usage", lambda out, data: {})
+    monkeypatch.setattr(dae, "ptb_dir", lambda: tmp_path)
+    args = argparse.Namespace(minutes=0.0, precision="fp32", threads=1, device="cpu")
+    name = "char-semhash-12ep-fixedpos-balance"
+    dae.merge_rows("dae", [dae.run_row(name, args)])
+    stages = ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance", name]
+    assert calls == [(stages[0], 0, 3), (stages[1], 3, 6), (stages[2], 6, 12)]
+    rows = {r["name"]: r for r in json.loads((tmp_path / "results" / "dae.json").read_text())["rows"]}
+    assert [x["stage"] for x in rows[name]["runs"]] == stages and rows[name]["chain"] == stages[:2]
+    assert [x.get("stage", stages[1]) for x in rows[stages[1]]["runs"]] == stages[:2]
+    assert rows[name]["train_minutes"] == 12 and "stage_runs" not in rows[name]
+    assert rows[name]["command"] == common.RUN["command"] and not rows[name]["resumed"]
+    # run again: every stage is finished, nothing is trained, and no invocation is listed twice
+    calls.clear()
+    monkeypatch.setitem(common.RUN, "started", "later")
+    dae.merge_rows("dae", [dae.run_row(name, args)])
+    rows = {r["name"]: r for r in json.loads((tmp_path / "results" / "dae.json").read_text())["rows"]}
+    assert calls == [(name, 12, 12)] and [x["stage"] for x in rows[name]["runs"]] == [*stages, name]
+
+
+def test_a_row_name_used_twice_with_different_figures_is_caught(tmp_path):
+    import render
+
+    def write(name: str, rows: list[dict]) -> None:
+        (tmp_path / f"{name}.json").write_text(json.dumps({"bench": name, "rows": rows}))
+
+    write("a", [{"name": "gcide-kn5", "test_ppl": 237.14, "command": "x"}, {"name": "mirrored", "v": 1}])
+    write("b", [{"name": "gcide-kn5", "test_ppl": 347.9, "command": "y"}, {"name": "mirrored", "v": 1,
+                                                                            "command": "z"}])
+    clashes = render.name_clashes(sorted(tmp_path.glob("*.json")))
+    assert clashes == ["row gcide-kn5 in a.json and b.json with different figures; rename one"]
+    assert render.name_clashes(sorted((ROOT / "bench" / "results").glob("*.json"))) == []  # the committed tables
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "render.py")], capture_output=True, text=True,
+                       env={**os.environ, "SEQLM_BENCH_RESULTS": str(tmp_path)}, timeout=120)
+    assert r.returncode != 0 and "gcide-kn5" in r.stderr and not (tmp_path.parent / "RESULTS.md").exists()
+
+
+def test_a_training_rows_ceiling_ratio_is_not_shown_as_a_fraction_of_the_ceiling():
+    """A training run's ratio (its mean speed over a ceiling sampled afterwards) gets its own label; speed rows,
+    timed and measured in the same minute, give their median under fraction_of_ceiling."""
+    import render
+
+    doc = {"rows": [{"name": "transformer-ptb", "train_tokens_per_s": 3225.0, "fraction_of_ceiling": 0.673},
+                    {"name": "transformer-speed", "train_tokens_per_s": [3893.4, 3875.8, 3829.9],
+                     "fraction_of_ceiling": [0.303, 0.290, 0.474], "median_fraction_of_ceiling": 0.303}]}
+    lines = render.table(doc).splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:4]}
+    unpaired, paired = header.index("ceiling_fraction_unpaired"), header.index("fraction_of_ceiling")
+    assert cells["transformer-ptb"][unpaired] == "0.673" and cells["transformer-ptb"][paired] == ""
+    assert cells["transformer-speed"][paired] == "0.303 (median of 3)" and cells["transformer-speed"][unpaired] == ""
+    assert "ceiling_fraction_unpaired`: a training run" in render.table(doc)

@@ -10,7 +10,7 @@ import torch
 
 from seqlm.cli import main
 from seqlm.data.vocab import Vocab
-from seqlm.dsae import dsae_report, dsae_value
+from seqlm.eval.dsae import dsae_report, dsae_value
 from seqlm.models.dae import DAEConfig, build_dae
 from seqlm.protocol import Batch
 
@@ -127,7 +127,7 @@ def _tiny(corpus, out, *extra):
 
 def test_code_usage_counts_symbols_like_encoding_each_sentence_alone():
     from seqlm.data.corpus import encode_sentences
-    from seqlm.dsae import code_usage
+    from seqlm.eval.dsae import code_usage
 
     model = _dae()
     words = [[f"w{i - 2}" for i in s[:-1]] for s in SENTS]  # ids 2.. are w0..

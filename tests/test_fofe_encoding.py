@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqlm.fofe import decode, encode, encode_all, fofe_codes, fofe_codes_reference, fofe_matrix
-from seqlm.fofe_collisions import all_codes, colliding, corpus_collisions, plot, run, simulate
+from seqlm.eval.fofe_collisions import all_codes, colliding, corpus_collisions, plot, run, simulate
+from seqlm.nn.fofe import decode, encode, encode_all, fofe_codes, fofe_codes_reference, fofe_matrix
 
 A, B, C = 0, 1, 2
 

@@ -22,7 +22,8 @@ from seqlm.data.corpus import encode_file
 from seqlm.errors import SeqlmError
 from seqlm.models.kn import BINARY, KNConfig, estimate_kn, save_kn
 from seqlm.ngram import NGramModel
-from seqlm.ngram.binary import FORMAT_VERSION, HEADER, read_binary, write_binary
+from seqlm.ngram.binary import FORMAT_VERSION, HEADER, SECTION, layout, read_binary, write_binary
+from seqlm.ngram.checksum import BLOCK_BYTES, MASK, checksum, checksum_blocks
 from seqlm.ngram.index import build_slots, lookup
 from seqlm.ngram.query import NgramModel, State
 from test_kn import ORACLE, arpa_entries, needs_oracle, tiny_stream, token_log10
@@ -235,11 +236,13 @@ def test_convert_round_trip_and_bad_files(tmp_path: Path, capsys) -> None:
     data = bytearray((tmp_path / BINARY).read_bytes())
     cases = {
         "version.bin": data[:8] + (FORMAT_VERSION + 1).to_bytes(4, "little") + data[12:],
+        "v1.bin": data[:8] + (1).to_bytes(4, "little") + data[12:],
         "short.bin": data[: HEADER.size + 10],
         "cut.bin": data[: len(data) // 2],
         "text.arpa": b"not a model\n",
     }
-    messages = {"version.bin": "version 2, this seqlm reads version 1", "short.bin": "truncated",
+    messages = {"version.bin": f"version {FORMAT_VERSION + 1}, this seqlm reads version {FORMAT_VERSION}",
+                "v1.bin": r"version 1 \(no checksums\).*seqlm convert", "short.bin": "truncated",
                 "cut.bin": "past the end", "text.arpa": "no \\\\data\\\\ line"}
     for name, content in cases.items():
         (tmp_path / name).write_bytes(bytes(content))
@@ -251,3 +254,151 @@ def test_convert_round_trip_and_bad_files(tmp_path: Path, capsys) -> None:
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert main(["query", str(tmp_path / "nothing.bin")]) == 2
     assert "no such model" in capsys.readouterr().err
+
+
+# ---- checksums, types and id ranges -----------------------------------------------------------------
+
+
+def reference_checksum(data: bytes) -> int:
+    """checksum.py's definition written out word by word in Python integers, weights from splitmix64."""
+    def weight(i: int) -> int:
+        z = ((i + 1) * 0x9E3779B97F4A7C15) & MASK
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        return (z ^ (z >> 31)) | 1
+
+    h = len(data)
+    for a in range(0, len(data), BLOCK_BYTES):
+        part = data[a:a + BLOCK_BYTES]
+        words = [int.from_bytes(part[i:i + 8].ljust(8, b"\0"), "little") for i in range(0, len(part), 8)]
+        h = (h * 0x9E3779B97F4A7C15 + sum(w * weight(i) for i, w in enumerate(words))) & MASK
+    return h
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 199), st.integers(1, 255))
+def test_checksum_matches_its_definition_and_sees_any_one_byte(data: bytes, at: int, flip: int) -> None:
+    ref = reference_checksum(data)
+    assert checksum(np.frombuffer(data, dtype=np.uint8)) == ref
+    if data:
+        changed = bytearray(data)
+        changed[at % len(data)] ^= flip  # one changed word is always caught (odd weights)
+        assert checksum(np.frombuffer(bytes(changed), dtype=np.uint8)) != ref
+
+
+def test_checksum_across_blocks_and_pieces() -> None:
+    data = np.random.default_rng(0).integers(0, 256, size=BLOCK_BYTES + 13, dtype=np.uint8)
+    whole = checksum(data)
+    assert whole == reference_checksum(data.tobytes())
+    assert whole == checksum_blocks([data[:BLOCK_BYTES], data[BLOCK_BYTES:]], len(data))  # the writer's path
+    swapped = np.concatenate([data[8:16], data[:8], data[16:]])  # two words trade places
+    assert checksum(swapped) != whole
+
+
+def _tiny_binary(tmp_path: Path) -> tuple[Path, bytes]:
+    vocab, stream = tiny_stream(["a b c", "b c a", "c a b", "a a b b", "c b a c", "b b c a a"] * 5)
+    with pytest.warns(UserWarning):
+        model = estimate_kn(KNConfig(order=3), stream, vocab)
+    save_kn(model, tmp_path)
+    return tmp_path / BINARY, (tmp_path / BINARY).read_bytes()
+
+
+def _sections_of(data: bytes, order: int) -> dict[str, tuple[int, int, bytes]]:
+    """name -> (offset, bytes, dtype) from the section table."""
+    return {name: SECTION.unpack_from(data, HEADER.size + i * SECTION.size)[:3]
+            for i, (name, _) in enumerate(layout(order))}
+
+
+def _reseal(data: bytearray, order: int) -> bytes:
+    """`data` with every checksum and the header crc recomputed: a file edited on purpose, which only the
+    type and range checks can refuse."""
+    import zlib
+
+    table = b""
+    for off, n, dt in _sections_of(bytes(data), order).values():
+        table += SECTION.pack(off, n, dt, checksum(np.frombuffer(bytes(data[off:off + n]), dtype=np.uint8)))
+    magic, version, bo, order_, _, V = HEADER.unpack_from(data, 0)
+    crc = zlib.crc32(HEADER.pack(magic, version, bo, order_, 0, V) + table)
+    data[:HEADER.size + len(table)] = HEADER.pack(magic, version, bo, order_, crc, V) + table
+    return bytes(data)
+
+
+def _refused(path: Path, match: str, capsys) -> None:
+    """read_binary raises a SeqlmError matching `match`; `seqlm query` and `seqlm eval` exit 2 with it
+    as their one stderr line."""
+    with pytest.raises(SeqlmError, match=match):
+        read_binary(path)
+    capsys.readouterr()
+    for argv in (["query", str(path)], ["convert", str(path), str(path.with_suffix(".arpa"))]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and match.split(".")[0] in err, err
+    assert not path.with_suffix(".arpa").exists()
+
+
+def test_every_damaged_section_is_refused_by_its_checksum(tmp_path: Path, capsys) -> None:
+    path, data = _tiny_binary(tmp_path)
+    model = read_binary(path)
+    sections = _sections_of(data, model.order)
+    bad = tmp_path / "bad.bin"
+    for name, (off, n, _) in sections.items():
+        assert n > 0, name
+        zeroed = bytearray(data)
+        zeroed[off:off + n] = bytes(n)  # the issue's case: prob_3 zeroed used to load and score
+        bad.write_bytes(zeroed)
+        _refused(bad, f"section {name} fails its checksum", capsys)
+        flipped = bytearray(data)
+        flipped[off + n - 1] ^= 0x10  # the last byte: a partial word
+        bad.write_bytes(flipped)
+        with pytest.raises(SeqlmError, match=f"section {name} fails its checksum"):
+            read_binary(bad)
+    header = bytearray(data)
+    header[16] = 2  # the order: the section table no longer matches the header crc
+    bad.write_bytes(header)
+    _refused(bad, "header or section table fails its checksum", capsys)
+    table = bytearray(data)
+    table[HEADER.size + SECTION.size + 1] ^= 1  # an offset in the section table
+    bad.write_bytes(table)
+    _refused(bad, "header or section table fails its checksum", capsys)
+
+
+def test_types_and_id_ranges_are_checked_even_with_valid_checksums(tmp_path: Path, capsys) -> None:
+    path, data = _tiny_binary(tmp_path)
+    model = read_binary(path)
+    sections, bad = _sections_of(data, model.order), tmp_path / "bad.bin"
+
+    def edit(name: str, values: np.ndarray, dtype: str) -> None:
+        off, n, _ = sections[name]
+        changed = bytearray(data)
+        changed[off:off + n] = np.asarray(values, dtype=dtype).tobytes()
+        bad.write_bytes(_reseal(changed, model.order))
+
+    slots = np.array(model.index[2])
+    slots[slots >= 0] = np.where(slots[slots >= 0] == 0, 10**6, slots[slots >= 0])  # the issue's IndexError
+    edit("slots_3", slots, "<i4")
+    _refused(bad, "slots_3 hold ids out of range", capsys)
+    slots = np.array(model.index[2])
+    slots[-1] = 0  # probing would run off the end
+    edit("slots_3", slots, "<i4")
+    _refused(bad, "slots_3 is shorter than its hash range or does not end with an empty slot", capsys)
+    for value in (len(model.vocab) * model.sizes[0], -1):  # a prefix id past order 1's n-grams; a negative key
+        keys = np.array(model.keys[1])
+        keys[-1] = value
+        edit("keys_2", keys, "<i8")
+        _refused(bad, "keys_2 hold ids out of range", capsys)
+    changed = bytearray(data)
+    at = HEADER.size + list(sections).index("prob_1") * SECTION.size + 16  # prob_1's dtype: <f8 would read
+    # the floats as doubles
+    changed[at:at + 8] = b"<f8".ljust(8, b"\0")
+    bad.write_bytes(_reseal(changed, model.order))
+    _refused(bad, "section prob_1 has type '<f8', expected <f4", capsys)
+    changed[at:at + 8] = b"O".ljust(8, b"\0")  # an object dtype must never reach np.frombuffer
+    bad.write_bytes(_reseal(changed, model.order))
+    _refused(bad, "section prob_1 has type 'O'", capsys)
+    off, n, _ = sections["vocab"]
+    changed = bytearray(data)
+    changed[off] = 0xFF  # not UTF-8
+    bad.write_bytes(_reseal(changed, model.order))
+    _refused(bad, "vocabulary block is not UTF-8", capsys)
+    bad.write_bytes(_reseal(bytearray(data), model.order))  # resealing an intact file changes nothing
+    assert bad.read_bytes() == data and read_binary(bad).sizes == model.sizes

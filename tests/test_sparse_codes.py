@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from seqlm.cli import main
+from seqlm.codes.embed import load_vectors
+from seqlm.codes.sparse_codes import CodeOptions, solve_codes
 from seqlm.data.vocab import Vocab
-from seqlm.embed import load_vectors
 from seqlm.nn.sparse_code import CodeBook, CodedEmbedding, CodedLinear, SparseCodes, codes_for_vocab
-from seqlm.sparse_codes import CodeOptions, solve_codes
 
 
 def _true_codes() -> torch.Tensor:

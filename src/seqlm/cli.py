@@ -131,14 +131,14 @@ def cmd_info(args: argparse.Namespace, rest: list[str]) -> None:
 
 def cmd_embed(args: argparse.Namespace, rest: list[str]) -> None:
     """Train skip-gram word vectors (gensim word2vec) on a corpus; write word2vec text format."""
-    from seqlm.embed import embed_from_cli
+    from seqlm.codes.embed import embed_from_cli
 
     print(json.dumps(embed_from_cli(args)))
 
 
 def cmd_sparse_codes(args: argparse.Namespace, rest: list[str]) -> None:
     """Code rare words as sparse non-negative mixes of B base words (sparse-word-representations, eq. 5)."""
-    from seqlm.sparse_codes import codes_from_cli
+    from seqlm.codes.sparse_codes import codes_from_cli
 
     print(codes_from_cli(args))
 
@@ -154,7 +154,7 @@ def cmd_plot(args: argparse.Namespace, rest: list[str]) -> None:
 def cmd_fofe_collisions(args: argparse.Namespace, rest: list[str]) -> None:
     """FOFE uniqueness check: collisions among all binary sequences of length T, and on a real corpus."""
     from seqlm.data.datasets import resolve_corpus, split_path
-    from seqlm.fofe_collisions import run
+    from seqlm.eval.fofe_collisions import run
 
     corpus = split_path(resolve_corpus(args.data), "train") if args.data else None
 
@@ -183,7 +183,7 @@ def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
 
 def cmd_dsae(args: argparse.Namespace, rest: list[str]) -> None:
     """Discrete sequence autoencoding efficiency of a dae model against a baseline (p, p', b, K, DSAE)."""
-    from seqlm.dsae import dsae_from_dirs
+    from seqlm.eval.dsae import dsae_from_dirs
 
     print(json.dumps(dsae_from_dirs(args.baseline, args.dae, args.data, args.text, args.split)))
 
@@ -313,11 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_info)
 
     em = sub.add_parser("embed", help=cmd_embed.__doc__)
-    from seqlm.embed import add_embed_options
+    from seqlm.codes.embed import add_embed_options
     add_embed_options(em)
     em.set_defaults(func=cmd_embed)
     sc = sub.add_parser("sparse-codes", help=cmd_sparse_codes.__doc__)
-    from seqlm.sparse_codes import add_codes_options
+    from seqlm.codes.sparse_codes import add_codes_options
     add_codes_options(sc)
     sc.set_defaults(func=cmd_sparse_codes)
 

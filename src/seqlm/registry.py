@@ -72,8 +72,9 @@ class NeuralFamily:
         try:
             with torch.device("meta"):
                 return {k: t.shape for k, t in self.build(cfg, vocab).state_dict().items()}
-        except RuntimeError as e:  # e.g. "Storage size calculation overflowed"
-            raise SeqlmError(f"this configuration's layers are too large to allocate ({e}); "
+        except (RuntimeError, TypeError, OverflowError, ValueError) as e:  # "Storage size calculation
+            # overflowed"; TypeError, OverflowError: an edited config.json's size beyond int64
+            raise SeqlmError(f"this configuration's layers are too large to allocate ({str(e).splitlines()[0]}); "
                              "make --hidden/--embed smaller") from None
 
     def check_fits(self, cfg: Any, vocab: Vocab) -> None:

@@ -81,6 +81,9 @@ def _build(path: Path, line: int, name: str, arcs: list[Arc], finals: list) -> L
     if not finals:
         raise SeqlmError(f"{path}:{line}: lattice {name} has no final state")
     states = [s for a in arcs for s in (a.src, a.dst)] + [f[0] for f in finals]
+    if max(states) > len(arcs) + len(finals):  # Kaldi numbers states 0..S-1, and S <= arcs + 1
+        raise SeqlmError(f"{path}:{line}: lattice {name} names state {max(states)} but has only {len(arcs)} arcs; "
+                         "Kaldi lattices number their states from 0")
     end = max(states) + 1  # the added end node
     for s, a, g, ali in finals:
         arcs.append(Arc(s, end, KALDI_EPS, a, g, {"ali": ali} if ali else {}))

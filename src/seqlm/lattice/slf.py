@@ -97,6 +97,9 @@ def _build(path: Path, header: dict[str, str], nodes: dict[int, dict[str, str]],
     if "N" not in header or not header["N"].isdigit():
         raise SeqlmError(f"{path}: no N= (node count) in the header; is this an HTK SLF lattice?")
     num = int(header["N"])
+    if num > len(nodes) + 2 * len(links) + 1:  # nodes nothing names would be empty, and N sizes the tables
+        raise SeqlmError(f"{path}: the header says N={num} nodes but the file lists {len(nodes)} nodes and "
+                         f"{len(links)} links")
     if "L" in header and header["L"].isdigit() and int(header["L"]) != len(links):
         raise SeqlmError(f"{path}: the header says L={header['L']} links but the file has {len(links)}")
     base = _float(path, 0, header, "base") if "base" in header else math.e

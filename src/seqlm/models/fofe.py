@@ -5,7 +5,7 @@ z_t = alpha * z_{t-1} + e_t, applied to the word embeddings (Sec. 3, "we may app
 embedding vectors"), reset at each sentence start. An order-n model feeds [z_t; z_{t-1}; ...; z_{t-n+1}]
 to the same ReLU layers and softmax as the n-gram FNN baseline (`seqlm.models.fnn.MLPHead`).
 Training is plain back-propagation over whole packed mini-batches, no BPTT: the codes of a batch are
-one matrix product (seqlm.fofe.fofe_codes).
+one matrix product (seqlm.nn.fofe.fofe_codes).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from seqlm.config import TrainConfig, choice, dropout_rate, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.fofe import fofe_codes
 from seqlm.models.fnn import INITS, MLPHead, fofe_paper_training, incml_init
+from seqlm.nn.fofe import fofe_codes
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
 from seqlm.protocol import Batch
 

@@ -15,9 +15,8 @@ from seqlm.ngram.arpa import ArpaData, read_arpa
 from seqlm.ngram.arpa_write import write_arpa
 from seqlm.ngram.binary import read_binary, write_binary
 from seqlm.ngram.counts import NGramCounts, count_ngrams
+from seqlm.ngram.discounts import FALLBACK_DISCOUNTS, Discount
 from seqlm.ngram.kneser_ney import (
-    FALLBACK_DISCOUNTS,
-    Discount,
     adjust_counts,
     compute_discounts,
     estimate,

@@ -108,12 +108,15 @@ def _check_count(path: Path, lines: list[str], start: int, k: int, size: int) ->
 
 
 def _numbers(path: Path, k: int, column: list[str]) -> np.ndarray:
-    """A column of log10 values as float32; NaN or text that is no number means a corrupt file."""
+    """A column of log10 values as float32; NaN, a finite value beyond float32's range or text that is no
+    number means a corrupt file."""
     try:
-        x = np.fromiter(map(float, column), dtype=np.float64, count=len(column)).astype(np.float32)  # (M_k,)
+        wide = np.fromiter(map(float, column), dtype=np.float64, count=len(column))  # (M_k,)
     except ValueError:
-        x = np.array([np.nan], dtype=np.float32)
-    if np.isnan(x).any():
+        wide = np.array([np.nan])
+    with np.errstate(over="ignore"):
+        x = wide.astype(np.float32)  # (M_k,)
+    if np.isnan(x).any() or (np.isinf(x) & np.isfinite(wide)).any():
         raise SeqlmError(f"{path}: bad number in the \\{k}-grams: section; the file is corrupt")
     return x
 

@@ -34,6 +34,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.ngram.arpa_write import write_arpa
 from seqlm.ngram.counts import NGramCounts
+from seqlm.ngram.discounts import BOS_LOG10, Discount, _log10_f32, count_of_counts, discount_of
 from seqlm.ngram.external import count_to_files
 from seqlm.ngram.filearray import (
     Appender,
@@ -45,7 +46,6 @@ from seqlm.ngram.filearray import (
     windowed_map,
 )
 from seqlm.ngram.index import build_slots_file
-from seqlm.ngram.kneser_ney import BOS_LOG10, Discount, _log10_f32, count_of_counts, discount_of
 from seqlm.ngram.model import NGramModel
 
 

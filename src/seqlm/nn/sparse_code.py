@@ -31,6 +31,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 
 MAGIC = "seqlm-sparse-codes"
+F32_MAX = float(np.finfo(np.float32).max)  # code values are stored as float32
 
 
 @dataclass
@@ -65,9 +66,9 @@ class CodeBook:
                 for n, line in enumerate(f, 2):
                     word, _, rest = line.rstrip("\n").partition("\t")
                     pairs = [(int(j), float(v)) for j, v in (p.split(":") for p in rest.split())]
-                    if not word or any(not 0 <= j < num_base or v < 0 for j, v in pairs):
+                    if not word or any(not (0 <= j < num_base and 0 <= v <= F32_MAX) for j, v in pairs):  # NaN fails
                         raise SeqlmError(f"{path}:{n}: bad code line (word<TAB>index:value ..., 0 <= index < "
-                                         f"{num_base}, values >= 0)")
+                                         f"{num_base}, values >= 0 that a float32 holds)")
                     if len(base) < num_base:
                         base.append(word)
                     codes[word] = pairs

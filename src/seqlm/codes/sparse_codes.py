@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from seqlm.checkpoint import atomic_write_text
-from seqlm.embed import load_vectors
+from seqlm.codes.embed import load_vectors
 from seqlm.errors import SeqlmError
 from seqlm.nn.sparse_code import CodeBook
 

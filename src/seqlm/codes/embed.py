@@ -68,13 +68,35 @@ def load_vectors(path: str | Path) -> tuple[list[str], np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise SeqlmError(f"{path}: vectors file not found (make one with `seqlm embed CORPUS --out FILE`)")
+    binary = _is_binary(path)
+    _check_header(path, binary)
     try:
-        kv = KeyedVectors.load_word2vec_format(str(path), binary=_is_binary(path))
-    except (ValueError, UnicodeDecodeError, EOFError, IndexError) as e:
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below
+            kv = KeyedVectors.load_word2vec_format(str(path), binary=binary)
+    except (ValueError, UnicodeDecodeError, EOFError, IndexError, TypeError, KeyError) as e:  # TypeError, KeyError:
+        # gensim's own failures on repeated or missing words
         raise SeqlmError(f"{path}: not a word2vec text or binary file ({e.__class__.__name__}: {e})") from None
-    if len(kv) == 0:
+    words = list(kv.index_to_key)
+    if not words:
         raise SeqlmError(f"{path}: no vectors in the file")
-    return list(kv.index_to_key), np.asarray(kv.vectors, dtype=np.float32)
+    if not all(isinstance(w, str) and w for w in words) or len(set(words)) != len(words):
+        raise SeqlmError(f"{path}: fewer vectors than the header says, or a word twice (a damaged or mistyped file)")
+    vectors = np.asarray(kv.vectors, dtype=np.float32)  # (N, E)
+    if not np.isfinite(vectors).all():
+        raise SeqlmError(f"{path}: the vectors hold NaN or infinite values")
+    return words, vectors
+
+
+def _check_header(path: Path, binary: bool) -> None:
+    """The header line 'count dim': two positive integers the file is long enough to hold (gensim would
+    allocate count x dim floats before reading a single vector)."""
+    with open(path, "rb") as f:
+        head = f.readline().split()
+    if len(head) != 2 or not all(x.isdigit() and int(x) > 0 for x in head):
+        raise SeqlmError(f"{path}:1: not a word2vec file (the first line must be 'count dim', two positive integers)")
+    count, dim = int(head[0]), int(head[1])
+    if count * dim * (4 if binary else 2) > path.stat().st_size:  # a value takes >= 4 bytes, or 2 as text ("0 ")
+        raise SeqlmError(f"{path}:1: the header promises {count} vectors of {dim} values, more than the file holds")
 
 
 def embed_from_cli(args) -> dict:
