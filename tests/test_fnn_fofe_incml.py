@@ -12,9 +12,9 @@ import torch
 
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.fofe import fofe_codes
 from seqlm.models.fnn import FNNConfig, build_fnn
 from seqlm.models.fofe import FOFEConfig, build_fofe
+from seqlm.nn.fofe import fofe_codes
 from seqlm.nn.softmax import VocabLayerConfig
 from seqlm.protocol import Batch
 
