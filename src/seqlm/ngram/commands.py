@@ -1,0 +1,57 @@
+"""The n-gram subcommands for KenLM users: `seqlm convert` (ARPA <-> binary) and `seqlm query` (KenLM's query)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from seqlm.errors import SeqlmError
+
+
+def cmd_convert(args: argparse.Namespace, rest: list[str]) -> None:
+    """Convert an n-gram model: ARPA (KenLM, SRILM) to seqlm's memory-mapped binary, or back to ARPA."""
+    from seqlm.ngram.tools import convert
+
+    if Path(args.dst).is_file() and not args.force:
+        raise SeqlmError(f"{args.dst} exists; choose another output name or add --force to overwrite it")
+    print(json.dumps(convert(_ngram_source(args.src, "convert"), args.dst)))
+
+
+def cmd_query(args: argparse.Namespace, rest: list[str]) -> None:
+    """Score stdin, one sentence per line, printing KenLM `query`-style lines and perplexities."""
+    from seqlm.ngram.tools import query_main
+
+    query_main(_ngram_source(args.model, "query"), args.verbose)
+
+
+def _ngram_source(path: str, command: str) -> str:
+    """query and convert take n-gram models: a model directory of another family says which family it is and
+    what to use instead (not that its model.arpa is missing)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return path
+    from seqlm.checkpoint import read_json
+
+    meta = read_json(config, "config.json")
+    fam = meta.get("family") if isinstance(meta, dict) else None
+    if fam in (None, "kn"):
+        return path
+    instead = {"query": f"score its text with `seqlm score {path}` (reads standard input too) or `seqlm eval`",
+               "convert": "a neural or mixture model has no ARPA or binary form (only kn models do)"}[command]
+    raise SeqlmError(f"{path} is a {fam} model directory; `seqlm {command}` takes an n-gram model (a kn model "
+                     f"directory, an ARPA file or a seqlm binary): {instead}")
+
+
+def add_ngram_commands(sub) -> None:
+    """Add `convert` and `query` to the `seqlm` subcommand parsers."""
+    cv = sub.add_parser("convert", help=cmd_convert.__doc__)
+    cv.add_argument("src", help="ARPA file (.gz ok), binary model or kn model directory")
+    cv.add_argument("dst", help="output: binary model (e.g. model.bin), or ARPA when it ends .arpa[.gz]")
+    cv.add_argument("--force", action="store_true", help="overwrite dst if it exists")
+    cv.set_defaults(func=cmd_convert)
+    qy = sub.add_parser("query", help=cmd_query.__doc__)
+    qy.add_argument("model", help="kn model directory, binary model or ARPA file")
+    qy.add_argument("-v", "--verbose", default="word", choices=["word", "sentence", "summary"],
+                    help="per-token lines (word), totals per sentence, or the perplexity summary only")
+    qy.set_defaults(func=cmd_query)
