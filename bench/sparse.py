@@ -90,6 +90,9 @@ ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias
     "adaptive": ["--output", "adaptive"],  # torch.nn.AdaptiveLogSoftmaxWithLoss (Grave et al. 2017)
     "class": ["--output", "class"],  # the rnn family's frequency-binned class output, sqrt(V) classes
 }
+ALL_ROWS = ("gcide-all-full", "gcide-all-nce", "gcide-all-nce-zreg", "gcide-all-codes-ibias",
+            "gcide-all-codes-cbias-prior", "gcide-all-adaptive", "gcide-all-class", "gcide-all-kn5",
+            "gcide-all-kn5-allwords")
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
 
 
@@ -335,7 +338,7 @@ def run_all_row(name: str, variant: str, args) -> dict:
     if variant == "kn5-allwords":  # every training word in the vocabulary, as lmplz does: KenLM's own figure
         return {**run_kn5(name, "gcide", whole=True, min_count=1),
                 "recipe": "whole training split, every word type in the vocabulary; whole test split"}
-    if variant not in ALL_VARIANTS:
+    if name not in ALL_ROWS:
         raise SystemExit(f"unknown row {name}; full-corpus variants: kn5, kn5-allwords, {', '.join(ALL_VARIANTS)}")
     extra = {"recipe": f"{ALL_EPOCHS} epochs over the whole training split; valid/test: the whole splits",
              "objective_note": "train_ppl of NCE rows is exp(NCE loss)"}
