@@ -295,6 +295,7 @@ def run_all_lstm(name: str, corpus: str, flags: list[str], args, extra: dict) ->
     row = _lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra, resumed)
     history = run_status(out)["history"]
     row["time_curve"] = _time_curve(history)
+    row["finished"] = True  # every recipe epoch ran (the schedule's own flag stays open at --max-epochs)
     row["valid_ppl_final"] = [h for h in history if not h.get("partial")][-1]["valid_ppl"]
     return row
 
