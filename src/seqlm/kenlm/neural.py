@@ -3,9 +3,10 @@
 A State holds a `Node`: the words read since <s>, and once stepped the model's state after them (one
 row) and the log10 distribution of the next word. BaseScore(in, w, out) reads p(w) off in's
 distribution and makes out a new node that is *pending*: it is stepped only when its own distribution
-is first needed, and then together with every other pending node, in batches of rows whose states have
-the same shapes. A beam decoder that extends W hypotheses by a word and then scores from them pays
-about one batched `step` of W rows per word, not W steps, and never re-reads a history.
+is first needed, and then together with every other pending node, in batches of rows read after
+histories of equal length (joined and split by seqlm.protocol's cat_states / select_state, as beam search
+does). A beam decoder that extends W hypotheses by a word and then scores from them pays about one
+batched `step` of W rows per word, not W steps, and never re-reads a history.
 
 What a neural model supports: BeginSentenceWrite, BaseScore, BaseFullScore (ngram_length = the words of
 context used, <s> included, capped by the model's finite context if it has one), score / full_scores /
@@ -24,11 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from seqlm.errors import SeqlmError
+from seqlm.eval.perplexity import model_device
 from seqlm.kenlm.model import FullScoreReturn, State
-from seqlm.protocol import LanguageModel, context_order
+from seqlm.protocol import LanguageModel, cat_states, context_order, select_state
 
 LN10 = math.log(10.0)
 MAX_ROWS = 256  # the most pending nodes stepped in one call
@@ -55,52 +56,6 @@ class Node:
         return hash(self.history)
 
 
-def leaves(state: Any) -> list[Tensor]:
-    """The tensors of a (nested tuple / list / dict) state, in a fixed order."""
-    if isinstance(state, Tensor):
-        return [state]
-    if isinstance(state, (tuple, list)):
-        return [t for s in state for t in leaves(s)]
-    if isinstance(state, dict):
-        return [t for k in sorted(state) for t in leaves(state[k])]
-    return []
-
-
-def rebuild(state: Any, it: Iterator[Tensor]) -> Any:
-    """`state`'s structure with its tensors replaced, in `leaves` order, from `it`."""
-    if isinstance(state, Tensor):
-        return next(it)
-    if isinstance(state, (tuple, list)):
-        return type(state)(rebuild(s, it) for s in state)
-    if isinstance(state, dict):
-        return {k: rebuild(state[k], it) for k in sorted(state)}
-    return state
-
-
-def batch_dims(model: LanguageModel) -> list[int | None]:
-    """For each state tensor, the dimension that holds the batch (LSTM: 1, most: 0), found by comparing
-    the initial states of 1 and 2 rows; None for a tensor without one."""
-    one, two = leaves(model.initial_state(1)), leaves(model.initial_state(2))
-    dims = []
-    for a, b in zip(one, two, strict=True):
-        diff = [d for d, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
-        dims.append(diff[0] if diff else None)
-    return dims
-
-
-def cat_states(states: list[Any], dims: list[int | None]) -> Any:
-    """One batched state from single-row states of equal shapes."""
-    cols = zip(*(leaves(s) for s in states), strict=True)
-    joined = [torch.cat(ts, dim=d) if d is not None else ts[0] for ts, d in zip(cols, dims, strict=True)]
-    return rebuild(states[0], iter(joined))
-
-
-def row_state(state: Any, i: int, dims: list[int | None]) -> Any:
-    """Row i of a batched state, as a batch of one."""
-    ts = [t.narrow(d, i, 1) if d is not None else t for t, d in zip(leaves(state), dims, strict=True)]
-    return rebuild(state, iter(ts))
-
-
 class NeuralScorer:
     """kenlm's calls for a protocol model; see the module docstring."""
 
@@ -110,7 +65,7 @@ class NeuralScorer:
         self.model, self.vocab = model, model.vocab
         self.order = context_order(model) or 0
         self._stoi, self._unk, self._eos = self.vocab.stoi, self.vocab.unk_id, self.vocab.eos_id
-        self._dims = batch_dims(model)
+        self._device = model_device(model)
         start = Node((), None, -1)
         start.state = model.initial_state(1)
         self._root = Node((), start, self.vocab.bos_id)  # after <s>: shared by every BeginSentenceWrite
@@ -149,24 +104,24 @@ class NeuralScorer:
 
     @torch.no_grad()
     def flush(self) -> None:
-        """Step every pending node: rows with equal state shapes together, at most MAX_ROWS a call."""
+        """Step every pending node: rows of equal history length together, at most MAX_ROWS a call."""
         nodes, self._pending = self._pending, []
-        groups: dict[tuple, list[Node]] = defaultdict(list)
+        groups: dict[int, list[Node]] = defaultdict(list)
         for n in nodes:
             if n.logp is None:
-                groups[tuple(t.shape for t in leaves(n.parent.state))].append(n)
+                groups[len(n.history)].append(n)
         for group in groups.values():
             for lo in range(0, len(group), MAX_ROWS):
                 self._step(group[lo : lo + MAX_ROWS])
 
     def _step(self, nodes: list[Node]) -> None:
-        state = cat_states([n.parent.state for n in nodes], self._dims)
-        tokens = torch.tensor([n.token for n in nodes], dtype=torch.long)
-        device = next(iter(leaves(state)), tokens).device
-        logp, state = self.model.step(tokens.to(device), state)  # (B, V) natural logs
+        state = cat_states(self.model, [n.parent.state for n in nodes])
+        tokens = torch.tensor([n.token for n in nodes], dtype=torch.long, device=self._device)  # (B,)
+        logp, state = self.model.step(tokens, state)  # (B, V) natural logs
         logp10 = (logp.double() / LN10).cpu().numpy()  # (B, V)
         for i, n in enumerate(nodes):
-            n.state, n.logp, n.parent = row_state(state, i, self._dims), logp10[i], None
+            row = torch.tensor([i], device=self._device)
+            n.state, n.logp, n.parent = select_state(self.model, state, row), logp10[i], None
 
     def full_scores(self, words: list[str], bos: bool, eos: bool) -> Iterator[tuple[float, int, bool]]:
         """One forward pass over the sentence (seqlm.score_text), the numbers `seqlm score` prints."""
