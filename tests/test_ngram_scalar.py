@@ -19,7 +19,7 @@ from seqlm.ngram import NGramModel
 from seqlm.ngram.binary import read_binary, write_binary
 from seqlm.ngram.native import extension
 from seqlm.ngram.query import compiled_stream, score_stream
-from seqlm.ngram.scalar import ScalarScorer, scalar_scorer, tables
+from seqlm.ngram.scalar import ScalarScorer, scalar_scorer
 from test_kn import ORACLE, needs_oracle
 
 MODELS = ["kn3", "kn5", "kn3-prune01", "kn5-prune00112"]
@@ -34,7 +34,7 @@ class State:
 
 def _scorers(model: NGramModel) -> list:
     stoi, unk = model.vocab.stoi, model.vocab.unk_id
-    out = [ScalarScorer(len(model.vocab), model.order - 1, *tables(model), stoi, unk)]
+    out = [ScalarScorer(model, stoi, unk)]
     if extension() is not None:
         out.append(scalar_scorer(model, stoi, unk))
     elif os.environ.get("CI"):

@@ -1,21 +1,17 @@
 """One token at a time over an NGramModel: the per-call path of kenlm.Model.BaseScore and full_scores.
 
-NGramModel.score_word is the readable reference. When a decoder calls once per word, the interpreter's
+NGramModel.score_word is the reference walk. When a decoder calls once per word, the interpreter's
 steps are the whole cost (docs/ngram.md, "Where the time goes"), so `scalar_scorer` returns the same
-walk compiled (_native.cpp's Scorer, see native.py). Where that cannot be built, or SEQLM_NATIVE=0,
-the loop below in Python does it, with the same numbers:
-- the tables are memoryviews in the machine's native format (one C read per item; a '<q' view goes
-  through the struct module), gathered per order once, not per call;
-- the home slot is `(q * FIB >> shift) & mask`: one big-int operation fewer than index.py's form;
-- an order without a slot table (a model parsed from ARPA) gets one built here (index.py), so every
-  order is a hash probe, never a binary search.
+walk compiled (_native.cpp's Scorer, see native.py), over tables in the machine's native format with a
+hash slot table for every order (an order parsed from ARPA gets one built here, index.py). Where that
+cannot be built, or SEQLM_NATIVE=0, ScalarScorer gives the same calls on score_word itself.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from seqlm.ngram.index import FIB_INT, build_slots, table_bits
+from seqlm.ngram.index import build_slots, table_bits
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.native import extension
 
@@ -44,42 +40,17 @@ def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, compiled_on
     ext = extension()
     if ext is None and compiled_only:
         return None
-    unigram, orders = tables(model)
     if ext is not None:
-        return ext.Scorer(len(model.vocab), model.order - 1, unigram, orders, stoi, unk)
-    return ScalarScorer(len(model.vocab), model.order - 1, unigram, orders, stoi, unk)
+        return ext.Scorer(len(model.vocab), model.order - 1, *tables(model), stoi, unk)
+    return ScalarScorer(model, stoi, unk)
 
 
 class ScalarScorer:
-    """The compiled scorer's loop in Python: `score(context, word)` == NGramModel.score_word."""
+    """The compiled scorer's calls in Python, on NGramModel.score_word (where _native.cpp cannot be built)."""
 
-    def __init__(self, V: int, cut: int, unigram: np.ndarray, orders: list[tuple], stoi: dict[str, int], unk: int):
-        self.V, self.cut, self.stoi, self.unk = V, cut, stoi, unk
-        self.unigram = memoryview(unigram)
-        self.orders = [(memoryview(keys), memoryview(probs), memoryview(backoff), memoryview(slots),
-                        64 - bits, (1 << bits) - 1) for keys, probs, backoff, slots, _, bits in orders]
-
-    def score(self, context: tuple[int, ...], word: int) -> tuple[float, int, tuple[int, ...]]:
-        """log10 p(word | context), the matched n-gram length and the context after `word`."""
-        V = self.V
-        logp, length, k = self.unigram[word], 1, 1
-        after = [word]
-        for c, (keys, probs, backoff, slots, shift, mask) in zip(context, self.orders):
-            k += 1
-            hit = -1
-            if c >= 0:
-                q = c * V + word
-                pos = (q * FIB_INT >> shift) & mask
-                hit = slots[pos]
-                while hit >= 0 and keys[hit] != q:
-                    pos += 1
-                    hit = slots[pos]
-                if hit >= 0:
-                    logp, length = probs[hit], k
-                else:
-                    logp += backoff[c]
-            after.append(hit)
-        return logp, length, tuple(after[: min(length, self.cut)])
+    def __init__(self, model: NGramModel, stoi: dict[str, int], unk: int):
+        self.stoi, self.unk = stoi, unk
+        self.score = model.score_word  # (context, word) -> (log10 p, matched length, context after)
 
     def walk(self, context: tuple[int, ...], ids: list[int]) -> tuple[list[float], list[int], tuple[int, ...]]:
         """`score` along ids: their log10 p, their matched lengths, and the context after the last."""
