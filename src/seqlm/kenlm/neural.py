@@ -28,7 +28,7 @@ import torch
 
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import model_device
-from seqlm.kenlm.model import FullScoreReturn, State
+from seqlm.ngram.query import FullScoreReturn, State
 from seqlm.protocol import LanguageModel, cat_states, context_order, select_state
 
 LN10 = math.log(10.0)
@@ -71,10 +71,10 @@ class NeuralScorer:
         self._root = Node((), start, self.vocab.bos_id)  # after <s>: shared by every BeginSentenceWrite
         self._pending: list[Node] = [self._root]
 
-    def begin(self) -> Node:
-        return self._root
+    def BeginSentenceWrite(self, state: State) -> None:  # noqa: N802 (kenlm's names)
+        state.words = self._root
 
-    def null(self) -> Node:
+    def NullContextWrite(self, state: State) -> None:  # noqa: N802
         raise SeqlmError(NO_NULL_CONTEXT)
 
     def _child(self, in_state: State, word: str) -> tuple[np.ndarray, Node, int]:
@@ -93,7 +93,7 @@ class NeuralScorer:
         self._pending.append(child)
         return node.logp, child, w
 
-    def BaseScore(self, in_state: State, word: str, out_state: State) -> float:  # noqa: N802 (kenlm's names)
+    def BaseScore(self, in_state: State, word: str, out_state: State) -> float:  # noqa: N802
         logp, out_state.words, w = self._child(in_state, word)
         return float(logp[w])
 
@@ -135,6 +135,11 @@ class NeuralScorer:
             yield p, min(t + 2, self.order) if self.order else t + 2, w == self._unk
         if eos:
             yield logp[-1], min(len(words) + 2, self.order) if self.order else len(words) + 2, False
+
+    def kenlm_score(self, words: list[str], bos: bool, eos: bool) -> float:
+        """log10 P summed in float32 word after word, as the kenlm module adds."""
+        probs = np.array([p for p, _, _ in self.full_scores(words, bos, eos)], dtype=np.float32)
+        return float(np.cumsum(probs, dtype=np.float32)[-1]) if len(probs) else 0.0
 
     def next_distribution(self, states: list[State]) -> np.ndarray:
         nodes = [s.words for s in states]

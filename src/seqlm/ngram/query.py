@@ -8,18 +8,19 @@
     m.BeginSentenceWrite(s); m.BaseScore(s, "the", t)   # incremental scoring for decoders
     m.score_corpus(["the cat sat", "a dog"])    # batched numpy path: one lookup per order for all tokens
 
-Sentences (full_scores) and whole corpora (score_corpus) run the compiled per-token walk (scalar.py)
-where it could be built; decoder steps (BaseScore), and sentences without it, go through
-NGramModel.score_word (Python scalars, one token at a time); corpora without it and the LanguageModel
-protocol through NGramModel.walk (one array lookup per order for all tokens). Tests hold them all equal.
-A binary model (binary.py) makes each lookup a hash probe instead of a binary search.
+Decoder steps (BaseScore, BaseFullScore), sentences (full_scores) and whole corpora (score_corpus) run the
+compiled per-token walk (scalar.py) where it could be built; without it, NGramModel.score_word (Python
+scalars, one token at a time) serves the steps and sentences, and NGramModel.walk (one array lookup per
+order for all tokens, also the LanguageModel protocol's path) the corpora. Tests hold them all equal.
+A binary model (binary.py) makes each lookup a hash probe instead of a binary search. seqlm.kenlm.Model
+is this class for n-gram files, with the kenlm module's own float32 sentence sums on top.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,21 +28,49 @@ import numpy as np
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
+from seqlm.ngram.native import extension
 from seqlm.ngram.scalar import scalar_scorer
 
 
-@dataclass
 class State:
-    """What a decoder must remember: `words[k-1]` is the id at order k of the n-gram of the last k
-    words (order 1: the last word's id; -1 where not listed), for k up to the longest n-gram matched
-    (at most N-1), as NGramModel.score_word keeps it. Two states with equal `words` give identical
-    scores from here on, so hypotheses can be recombined.
+    """What a decoder must remember: for an n-gram model `words[k-1]` is the id at order k of the n-gram of
+    the last k words (order 1: the last word's id; -1 where not listed), for k up to the longest n-gram
+    matched (at most N-1), as NGramModel.score_word keeps it; for a neural model (seqlm.kenlm.neural) a
+    node of the history. Two states with equal `words` give identical scores from here on, so hypotheses
+    can be recombined, as with kenlm.
     """
 
-    words: tuple[int, ...] = field(default_factory=tuple)
+    __slots__ = ("words",)
+
+    def __init__(self, words: tuple[int, ...] = ()):
+        self.words = words  # kenlm's fresh State: no context (an n-gram model scores unigrams from it)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, State) and self.words == other.words
 
     def __hash__(self) -> int:
         return hash(self.words)
+
+    def __repr__(self) -> str:
+        return f"State(words={self.words!r})"
+
+    def __copy__(self) -> State:
+        return State(self.words)
+
+    def __deepcopy__(self, memo: dict) -> State:
+        return self.__copy__()  # the contents are immutable (a tuple, or a node shared by design)
+
+
+class FullScoreReturn:
+    """What BaseFullScore returns: log10 p, the length of the n-gram matched, whether the word is OOV."""
+
+    __slots__ = ("log_prob", "ngram_length", "oov")
+
+    def __init__(self, log_prob: float, ngram_length: int, oov: bool):
+        self.log_prob, self.ngram_length, self.oov = log_prob, ngram_length, oov
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.log_prob!r}, {self.ngram_length!r}, {self.oov!r})"
 
 
 @dataclass
@@ -73,41 +102,42 @@ def load_tables(path: str | Path) -> NGramModel:
 
 
 class NgramModel:
-    """KenLM's `kenlm.Model` interface (score, full_scores, perplexity, BeginSentenceWrite, BaseScore)."""
+    """KenLM's `kenlm.Model` interface (score, full_scores, perplexity, BeginSentenceWrite, BaseScore,
+    BaseFullScore), a batched `score_corpus` and the whole next-word distribution (`next_distribution`)."""
 
     def __init__(self, model: str | Path | NGramModel):
         self.model = model if isinstance(model, NGramModel) else load_tables(model)
         self.vocab = self.model.vocab
         self.order = self.model.order
-        self._compiled = False  # the compiled walk (scalar.py), built on first use; None where it cannot be
+        v = self.vocab
+        self._stoi, self._unk, self._bos, self._eos = v.stoi, v.unk_id, v.bos_id, v.eos_id
+        self._scalar = scalar_scorer(self.model, v.stoi, v.unk_id)  # compiled, or on score_word
+        self._compiled = extension() is not None
+        # the per-word call is the scorer's own method: a decoder pays no wrapper frame per word
+        self.BaseScore = self._scalar.base_score
 
     def __repr__(self) -> str:
         return f"NgramModel(order={self.order}, sizes={self.model.sizes})"
 
     def __contains__(self, word: str) -> bool:
-        return word in self.vocab.stoi
+        return word in self._stoi
 
     # ---- whole sentences ------------------------------------------------------------------------
 
     def full_scores(self, sentence: str | list[str], bos: bool = True, eos: bool = True
                     ) -> Iterator[tuple[float, int, bool]]:
-        """(log10 p, length of the n-gram matched, is OOV) for each word, then </s> when eos."""
+        """(log10 p, length of the n-gram matched, is OOV) for each word, then </s> when eos. OOV: whatever
+        maps to <unk>, a literal <unk> too, as KenLM."""
         words = sentence.split() if isinstance(sentence, str) else sentence
-        stoi, unk = self.vocab.stoi, self.vocab.unk_id
-        context: tuple[int, ...] = (self.vocab.bos_id,) if bos else ()
-        ids = [stoi.get(w, unk) for w in words] + ([self.vocab.eos_id] if eos else [])
-        if self._scalar() is not None:  # the compiled walk: the same numbers as score_word's
-            probs, lengths, _ = self._compiled.walk(context, ids)
-            yield from zip(probs, lengths, [w == unk for w in ids], strict=True)
-            return
-        score = self.model.score_word
-        for w in ids:
-            logp, length, context = score(context, w)
-            yield logp, length, w == unk  # as KenLM: whatever maps to <unk>, a literal <unk> too
+        return iter(self._scalar.full_scores((self._bos,) if bos else (), words, self._eos if eos else -1))
 
     def score(self, sentence: str | list[str], bos: bool = True, eos: bool = True) -> float:
         """log10 probability of the sentence (from <s> when bos, with </s> when eos)."""
         return float(sum(p for p, _, _ in self.full_scores(sentence, bos, eos)))
+
+    def kenlm_score(self, words: list[str], bos: bool, eos: bool) -> float:
+        """`score` summed in float32 word after word, bit for bit as the kenlm module adds (seqlm.kenlm)."""
+        return self._scalar.sentence_score((self._bos,) if bos else (), words, self._eos if eos else -1)
 
     def perplexity(self, sentence: str | list[str]) -> float:
         """10 ** (-log10 P / tokens), </s> counted, as kenlm.Model.perplexity."""
@@ -118,26 +148,33 @@ class NgramModel:
 
     def BeginSentenceWrite(self, state: State) -> None:  # noqa: N802 (KenLM's name)
         """Set `state` to a sentence start: the context is <s>."""
-        state.words = (self.vocab.bos_id,)
+        state.words = (self._bos,)
 
     def NullContextWrite(self, state: State) -> None:  # noqa: N802
         """Set `state` to no context at all (the first word gets its unigram probability)."""
         state.words = ()
 
     def BaseScore(self, in_state: State, word: str, out_state: State) -> float:  # noqa: N802
-        """log10 p(word | in_state); `out_state` becomes the state after it (may be `in_state` itself)."""
-        return self.score_id(in_state, self.vocab.id(word), out_state)[0]
+        """log10 p(word | in_state); `out_state` becomes the state after it (may be `in_state` itself).
+        (Replaced in __init__ by the scorer's own method, which does exactly this.)"""
+        return self._scalar.base_score(in_state, word, out_state)
 
-    def score_id(self, in_state: State, word_id: int, out_state: State) -> tuple[float, int]:
-        """BaseScore on a word id; also returns the matched n-gram length (KenLM's FullScore)."""
-        logp, length, out_state.words = self.model.score_word(in_state.words, word_id)
-        return logp, length
+    def BaseFullScore(self, in_state: State, word: str, out_state: State) -> FullScoreReturn:  # noqa: N802
+        """BaseScore with the length of the n-gram matched and the OOV flag."""
+        w = self._stoi.get(word)
+        if w is None:
+            if not isinstance(word, str):
+                raise TypeError(f"Argument 'word' has incorrect type (expected str, got {type(word).__name__})")
+            w = self._unk
+        logp, length, out_state.words = self._scalar.score(in_state.words, w)
+        return FullScoreReturn(logp, length, w == self._unk)
 
-    def _scalar(self):
-        """The compiled per-token walk (scalar.py), built on first use; None where it cannot be."""
-        if self._compiled is False:
-            self._compiled = scalar_scorer(self.model, self.vocab.stoi, self.vocab.unk_id, compiled_only=True)
-        return self._compiled
+    def next_distribution(self, states: list[State]) -> np.ndarray:
+        """(N, V) float64 log10 p(w | state) of every word after each state, vectorised (no loop over words);
+        column w equals BaseScore(state, vocab.itos[w])."""
+        from seqlm.eval.distribution import ngram_state_distribution
+
+        return ngram_state_distribution(self.model, [s.words for s in states])
 
     # ---- whole corpora --------------------------------------------------------------------------
 
@@ -149,8 +186,8 @@ class NgramModel:
             oov = ids == self.vocab.unk_id
         else:
             ids, starts, oov = self._encode(sentences)
-        if self._scalar() is not None:
-            logp, length = compiled_stream(self._compiled, ids, starts, self.vocab.bos_id)
+        if self._compiled:  # the compiled walk; without it the numpy walk beats Python scalars on corpora
+            logp, length = compiled_stream(self._scalar, ids, starts, self.vocab.bos_id)
         else:
             logp, length = score_stream(self.model, ids, starts)
         return CorpusScores(logp, length, oov, starts)
