@@ -69,28 +69,10 @@ def ngram_distribution(model: NGramModel, histories: Sequence[Sequence[int]]) ->
 
 def ngram_state_distribution(model: NGramModel, contexts: Sequence[tuple[int, ...]]) -> np.ndarray:
     """(B, V) log10 distributions after decoder states: contexts[b][k-1] is the id at order k of the
-    context's last k words (seqlm.ngram.query.State.words), so no lookup is needed to find them.
-
-    Per order k: every word gets the back-off of its row's order-k context added, then the (k+1)-grams
-    continuing that context (keys[lo:hi], contiguous in the trie) overwrite their words. This is
-    NGramModel.score_word's walk for all words at once."""
-    B, V, n = len(contexts), len(model.vocab), model.order - 1
-    ctx = np.full((B, max(n, 0)), -1, dtype=np.int64)  # (B, N-1)
+    context's last k words (seqlm.ngram.query.State.words), so no lookup is needed to find them."""
+    ctx = np.full((len(contexts), max(model.order - 1, 0)), -1, dtype=np.int64)  # (B, N-1)
     for b, c in enumerate(contexts):
         ctx[b, : len(c)] = c
-    logp = np.tile(model.log10_prob[0].astype(np.float64), (B, 1))  # (B, V)
-    for k in range(1, n + 1):
-        c = ctx[:, k - 1]  # (B,) ids at order k
-        backoff = model.log10_backoff[k - 1]
-        logp += np.where(c >= 0, backoff[np.maximum(c, 0)] if len(backoff) else 0.0, 0.0)[:, None]
-        keys = model.keys[k]
-        if len(keys) == 0:
-            continue
-        lo = np.searchsorted(keys, c * V)  # (B,)
-        hi = np.where(c >= 0, np.searchsorted(keys, (c + 1) * V), lo)  # (B,)
-        count = hi - lo  # (B,)
-        rows = np.repeat(np.arange(B), count)  # (E,)
-        entry = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count - lo, count)  # (E,) into order k+1
-        logp[rows, keys[entry] % V] = model.log10_prob[k][entry]
+    logp = model.log10_distribution_after(ctx)  # (B, V)
     logp[:, model.vocab.bos_id] = -np.inf
     return logp

@@ -204,15 +204,24 @@ class NGramModel:
 
     def log10_distribution(self, hist: np.ndarray) -> np.ndarray:
         """(B, V) float64 log10 p(w | hist) for every word w; hist (B, N-1), oldest first, -1 = none."""
-        B, V = len(hist), len(self.vocab)
-        logp = np.tile(self.log10_prob[0].astype(np.float64), (B, 1))  # (B, V)
         ctx_ids = self.context_ids(hist, np.zeros(hist.shape, dtype=bool))
-        for k, ctx in enumerate(ctx_ids, 1):
-            ctx = ctx[:, -1]  # (B,) id at order k of the last k words
-            logp += _take(self.log10_backoff[k - 1], ctx, 0.0)[:, None]
+        last = [ctx[:, -1] for ctx in ctx_ids]  # per order k: (B,) id at order k of the last k words
+        return self.log10_distribution_after(np.stack(last, axis=1) if last else np.full((len(hist), 0), -1))
+
+    def log10_distribution_after(self, ctx: np.ndarray) -> np.ndarray:
+        """(B, V) float64 log10 p(w | context) for every word w, the context given by its ids: ctx (B, K),
+        ctx[b, k-1] the id at order k of row b's last k words (-1 = not listed), as a decoder's State
+        keeps them (seqlm.ngram.query). Per order, the context's back-off goes to every word and the
+        n-grams continuing it (keys[lo:hi], contiguous in the trie) overwrite their words: score_word's
+        walk for all words at once."""
+        B, V = len(ctx), len(self.vocab)
+        logp = np.tile(self.log10_prob[0].astype(np.float64), (B, 1))  # (B, V)
+        for k in range(1, ctx.shape[1] + 1):
+            c = ctx[:, k - 1]  # (B,)
+            logp += _take(self.log10_backoff[k - 1], c, 0.0)[:, None]
             keys = self.keys[k]
-            lo = np.searchsorted(keys, ctx * V)  # (B,) the n-grams continuing ctx are keys[lo:hi]
-            hi = np.where(ctx >= 0, np.searchsorted(keys, (ctx + 1) * V), lo)  # (B,)
+            lo = np.searchsorted(keys, c * V)  # (B,) the n-grams continuing c are keys[lo:hi]
+            hi = np.where(c >= 0, np.searchsorted(keys, (c + 1) * V), lo)  # (B,)
             n = hi - lo  # (B,)
             rows = np.repeat(np.arange(B), n)  # (E,)
             entry = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n - lo, n)  # (E,) indices into order k+1
