@@ -29,7 +29,7 @@ class NGramCounts:
     bos_id: int
     keys: list[np.ndarray]  # (M_k,) int64, sorted; order k > 1: prefix_id * V + last word
     counts: list[np.ndarray]  # (M_k,) int64 raw occurrence counts (<s> unigram: number of sentences)
-    suffix: list[np.ndarray]  # (M_k,) int64 id at order k-1 of the n-gram minus its first word; order 1: -1
+    suffix: list[np.ndarray]  # (M_k,) id at order k-1 of the n-gram minus its first word; order 1: -1
 
     @property
     def order(self) -> int:
@@ -51,20 +51,32 @@ class NGramCounts:
         return ids
 
 
-def with_sentence_starts(stream: TokenStream, bos_id: int) -> tuple[np.ndarray, np.ndarray]:
+def id_dtype(n: int) -> type:
+    """The narrowest of int32/int64 that holds ids 0..n-1 and -1: halves the big arrays of the
+    estimator (its peak RSS against lmplz is a goal), int64 past 2^31 n-grams or tokens."""
+    return np.int32 if n < 2**31 else np.int64
+
+
+def with_sentence_starts(stream: TokenStream, bos_id: int, clip: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The corpus as one array with `<s>` before each sentence, and each token's position in its sentence.
 
-    Returns seq (L,) int64 and pos (L,) int64, pos == 0 exactly at the inserted `<s>`.
+    Returns seq (L,) int64 and pos (L,) int64, pos == 0 exactly at the inserted `<s>`. With `clip`
+    (the order, at most 255) pos is min(pos, clip) as uint8 and seq has id_dtype(V): all the counter
+    compares pos with, at an eighth and a half of the memory.
     """
-    ids = np.asarray(stream.ids, dtype=np.int64)  # (N,)
+    dtype = np.int64 if clip is None else id_dtype(max(int(bos_id) + 1, int(np.max(stream.ids, initial=0)) + 1))
+    ids = np.asarray(stream.ids, dtype=dtype)  # (N,)
     starts = np.asarray(stream.starts, dtype=np.int64)  # (S+1,)
     lengths = np.diff(starts)  # (S,)
     bos_at = starts[:-1] + np.arange(len(lengths))  # (S,) where each <s> lands in the longer array
-    seq = np.empty(len(ids) + len(lengths), dtype=np.int64)  # (L,)
+    seq = np.empty(len(ids) + len(lengths), dtype=dtype)  # (L,)
     is_word = np.ones(len(seq), dtype=bool)  # (L,)
     is_word[bos_at] = False
     seq[is_word], seq[bos_at] = ids, bos_id
+    del ids, is_word
     pos = np.arange(len(seq)) - np.repeat(bos_at, lengths + 1)  # (L,)
+    if clip is not None:
+        pos = np.minimum(pos, clip).astype(np.uint8)  # (L,)
     return seq, pos
 
 
@@ -74,24 +86,25 @@ def count_ngrams(stream: TokenStream, bos_id: int, vocab_size: int, order: int) 
     One np.unique per order over all positions: gram[j] holds the id at the current order of the
     n-gram ending at position j (-1 where it would cross the sentence start).
     """
-    seq, pos = with_sentence_starts(stream, bos_id)
+    seq, pos = with_sentence_starts(stream, bos_id, clip=order if order < 256 else None)
     V = vocab_size
+    small = id_dtype(len(seq))  # ids of n-grams at any order, and of their suffixes
     keys = [np.arange(V, dtype=np.int64)]
     counts = [np.bincount(seq, minlength=V).astype(np.int64)]  # (V,) <s> counted once per sentence
-    suffix = [np.full(V, -1, dtype=np.int64)]
+    suffix = [np.full(V, -1, dtype=small)]
     gram = seq  # (L,) order-1 ids are word ids
     for k in range(2, order + 1):
         at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
-        key = gram[at - 1]  # (P,) the prefix ends one position earlier; then in place: prefix * V + word
+        key = gram[at - 1].astype(np.int64)  # (P,) the prefix ends one position earlier; then: prefix * V + word
         key *= V
         key += seq[at]
         uniq, first, inverse, cnt = unique(key, overwrite=True)  # big temporaries reused: this is the peak
         del key
         keys.append(uniq)
         counts.append(cnt)
-        suffix.append(gram[at[first]])  # (M_k,) the (k-1)-gram ending where each n-gram ends
+        suffix.append(gram[at[first]].astype(small, copy=False))  # (M_k,) the (k-1)-gram ending where each ends
         del first, cnt
-        gram = np.full(len(seq), -1, dtype=np.int64) if gram is seq else gram  # (L,)
+        gram = np.full(len(seq), -1, dtype=small) if gram is seq else gram  # (L,)
         gram.fill(-1)
         gram[at] = inverse
         del at, inverse

@@ -42,7 +42,7 @@ import numpy as np
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import BOS, Vocab
 from seqlm.errors import SeqlmError
-from seqlm.ngram.counts import NGramCounts, count_ngrams
+from seqlm.ngram.counts import NGramCounts, count_ngrams, id_dtype
 from seqlm.ngram.discounts import (
     BOS_LOG10,
     FALLBACK_DISCOUNTS,
@@ -67,7 +67,7 @@ class Initial:
 
 
 def adjust_counts(counts: NGramCounts) -> list[np.ndarray]:
-    """Stage `adjust counts`: raw counts -> KN adjusted counts per order, (M_k,) int64 each."""
+    """Stage `adjust counts`: raw counts -> KN adjusted counts per order, (M_k,) int32 each (int64 past 2^31)."""
     adjusted = []
     for k in range(1, counts.order + 1):
         raw = counts.counts[k - 1]
@@ -78,7 +78,7 @@ def adjust_counts(counts: NGramCounts) -> list[np.ndarray]:
             a = np.where(counts.first_word(k) == counts.bos_id, raw, left)
         if k == 1:
             a[counts.bos_id] = 0
-        adjusted.append(a.astype(np.int64))
+        adjusted.append(a.astype(id_dtype(int(a.max(initial=0)) + 1)))
     return adjusted
 
 
