@@ -12,8 +12,8 @@ beside lmplz with the same budget on the same file in the same run.
   `-o 5 -S BUDGET -T scratch` (text on stdin, ARPA on stdout) measured the same way; its test
   perplexity from KenLM's `query -v summary` on its ARPA. Then seqlm's binary mapped and the test split
   scored (`binary_load_seconds`, `query_tokens_per_s`: batched, best of 3, one thread).
-- `big-kn5-prune`: the same with `--prune 0 1 1 2` on both sides (seqlm counts in bounded memory and
-  prunes in memory, external_estimate.py).
+- `big-kn5-prune`: the same with `--prune 0 1 1 2` on both sides (seqlm prunes on files too, within the
+  budget, external_estimate.py; before 2026-12-01's change it pruned in memory).
 - `big-kn5-frac0.125/0.25/0.5`: the first fraction of the train lines (the corpus is sampled
   sentence by sentence, so a prefix is a smaller corpus of the same kind): seconds and peaks of both.
 Budgets are binary: 4G = 4 GiB = 4096 MiB, as lmplz -S and seqlm --memory read them; RSS and disk in MiB.

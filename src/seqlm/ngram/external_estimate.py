@@ -11,11 +11,13 @@ read in chunks or windows that fit the budget; only vocabulary-sized arrays are 
     interpolate  order by order, in chunks that never split a context (keys are sorted by context):
                  a(c.) and the discount mass, so gamma(c) and u; p = u + gamma(c) p_{k-1}(suffix),
                  the lower p gathered window by window; log10 p, and log10 gamma as order k-1's back-off
+    prune        (--prune t1 t2 ..) interpolate gives a marked n-gram's whole count to gamma(c); then
+                 each order is filtered chunk by chunk and its kept n-grams renumbered: a kept key's
+                 context id goes through the lower order's new ids (non-decreasing, read in order)
     write        DiskNGramModel.to_arpa streams the files (arpa_write.py); binary.py copies them
 
-The result equals the in-memory estimate bit for bit: every sum adds the same numbers in the same
-order (a context's continuations are never split across chunks), every other step is elementwise.
-Count pruning (--prune) with --memory counts in bounded memory and prunes in memory (kneser_ney.py).
+The result equals the in-memory estimate bit for bit, pruned or not: every sum adds the same numbers in
+the same order (a context's continuations are never split across chunks), every other step is elementwise.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from seqlm.ngram.filearray import (
     Table,
     gather_answer,
     searchsorted,
+    take_sorted,
     windowed_bincount,
     windowed_map,
 )
@@ -116,8 +119,11 @@ class _Slots:
 
 
 def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tuple[float, float, float],
-                     memory: int, tmp_dir: str | Path | None = None) -> DiskNGramModel:
+                     memory: int, tmp_dir: str | Path | None = None, prune: tuple[int, ...] = (0,)
+                     ) -> DiskNGramModel:
     """kneser_ney.estimate_model in about `memory` bytes of working space; `vocab` has <s> appended.
+
+    `prune`: lmplz's --prune thresholds (non-decreasing, the last repeats), as kneser_ney.prune_marks.
 
     The tables go to a new folder in `tmp_dir` (default: TMPDIR); a folder that cannot be made or
     filled (a full disk) is a SeqlmError."""
@@ -132,7 +138,11 @@ def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tu
         counts = count_to_files(stream, vocab.bos_id, len(vocab), order, memory, folder)
         adjusted, coc = adjust_counts(counts, folder, budget)
         discounts = [discount_of(k, n, fallback) for k, n in enumerate(coc, 1)]
-        log_p, backoffs = interpolate(counts, adjusted, discounts, folder, budget)
+        cuts = _cuts(prune, order)
+        log_p, backoffs = interpolate(counts, adjusted, discounts, folder, budget, cuts)
+        keys = counts.keys
+        if any(cuts):
+            keys, log_p, backoffs = drop_pruned(counts, log_p, backoffs, cuts, folder, budget)
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
         raise SeqlmError(f"--memory: writing the estimate's tables in {folder} failed ({e.strerror}); "
@@ -143,7 +153,13 @@ def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tu
     for name in ("counts", "suffix"):
         for t in getattr(counts, name)[1:]:
             t.path.unlink()
-    return DiskNGramModel(vocab, counts.keys, log_p, backoffs, folder, memory)
+    return DiskNGramModel(vocab, keys, log_p, backoffs, folder, memory)
+
+
+def _cuts(prune: tuple[int, ...], order: int) -> list[int]:
+    """The --prune threshold of each order 1..N (0: nothing pruned at that order)."""
+    t = list(prune) or [0]
+    return (t + [t[-1]] * order)[:order]
 
 
 def adjust_counts(counts: NGramCounts, folder: Path, b: Budget) -> tuple[list[Table], list[np.ndarray]]:
@@ -181,7 +197,7 @@ def adjust_counts(counts: NGramCounts, folder: Path, b: Budget) -> tuple[list[Ta
 
 
 def interpolate(counts: NGramCounts, adjusted: list[Table], discounts: list[Discount], folder: Path,
-                b: Budget) -> tuple[list[Table], list[Table]]:
+                b: Budget, cuts: list[int] | None = None) -> tuple[list[Table], list[Table]]:
     """initial_probabilities + interpolate of kneser_ney.py, order by order on files."""
     V, N, bos = counts.vocab_size, counts.order, counts.bos_id
     a = adjusted[0]
@@ -195,7 +211,8 @@ def interpolate(counts: NGramCounts, adjusted: list[Table], discounts: list[Disc
     log_p[0][bos] = BOS_LOG10
     lower: Table = p
     for k in range(2, N + 1):
-        log_p_k, backoff, p_k = _order(counts, k, adjusted[k - 1], discounts[k - 1], lower, folder, b)
+        cut = cuts[k - 1] if cuts else 0
+        log_p_k, backoff, p_k = _order(counts, k, adjusted[k - 1], discounts[k - 1], lower, folder, b, cut)
         log_p.append(log_p_k)
         backoffs.append(np.asarray(backoff) if k == 2 else backoff)
         if isinstance(lower, FileArray):
@@ -206,8 +223,11 @@ def interpolate(counts: NGramCounts, adjusted: list[Table], discounts: list[Disc
 
 
 def _order(counts: NGramCounts, k: int, adjusted: FileArray, disc: Discount, lower: Table, folder: Path,
-           b: Budget) -> tuple[FileArray, FileArray, FileArray | None]:
-    """Order k: log10 p_k, order k-1's log10 back-off and (below the highest order) p_k in float64."""
+           b: Budget, cut: int = 0) -> tuple[FileArray, FileArray, FileArray | None]:
+    """Order k: log10 p_k, order k-1's log10 back-off and (below the highest order) p_k in float64.
+
+    cut > 0: an n-gram seen at most `cut` times gives its whole adjusted count to gamma (lmplz's
+    CutoffCount, as kneser_ney.initial_probabilities); drop_pruned removes it afterwards."""
     V, keys = counts.vocab_size, counts.keys[k - 1]
     below = windowed_map(lower, counts.suffix[k - 1], folder / f"lower{k}.bin", np.float64, np.nan, gather_answer,
                          b.window, b.chunk)  # (M_k,) p_{k-1} of each n-gram's suffix
@@ -222,6 +242,8 @@ def _order(counts: NGramCounts, k: int, adjusted: FileArray, disc: Discount, low
             local = np.cumsum(new) - 1  # (m,) dense context number within the chunk
             a = adjusted.read(a0, a0 + len(key))
             taken = disc(a)
+            if cut:
+                taken = np.where(counts.counts[k - 1].read(a0, a0 + len(key)) <= cut, a, taken)  # (m,)
             total, mass = np.bincount(local, weights=a), np.bincount(local, weights=taken)  # (c,)
             with np.errstate(divide="ignore", invalid="ignore"):
                 gamma = mass / total  # (c,)
@@ -235,6 +257,57 @@ def _order(counts: NGramCounts, k: int, adjusted: FileArray, disc: Discount, low
     if not keep_p:
         p_out.path.unlink()
     return log_p.array, backoff.array, p_out.array if keep_p else None
+
+
+def drop_pruned(counts: NGramCounts, log_p: list[Table], backoffs: list[Table], cuts: list[int], folder: Path,
+                b: Budget) -> tuple[list[Table], list[Table], list[Table]]:
+    """kneser_ney.drop_pruned on files: each order's n-grams seen more than its cut, renumbered.
+
+    A kept n-gram's context is kept (thresholds never decrease), so its new key is the context's new id
+    (order k-1's table of new ids, read in key order: contexts are non-decreasing) times V plus its word."""
+    N = counts.order
+    keys_out, p_out, bo_out = [counts.keys[0]], [log_p[0]], backoffs[:1]
+    new_id: FileArray | None = None  # order k-1's new id of each old id (order 1: unchanged)
+    for k in range(2, N + 1):
+        top = k == N
+        keys, logp, bo, ids = _kept_order(counts, k, log_p[k - 1], None if top else backoffs[k - 1], cuts[k - 1],
+                                          new_id, folder, b)
+        done = [counts.keys[k - 1], log_p[k - 1]] + ([] if top else [backoffs[k - 1]]) + [new_id]
+        for t in done:
+            if t is not None:
+                t.path.unlink()
+        new_id = ids
+        keys_out.append(keys)
+        p_out.append(logp)
+        if not top:
+            bo_out.append(bo)
+    return keys_out, p_out, bo_out
+
+
+def _kept_order(counts: NGramCounts, k: int, log_p: Table, backoff: Table | None, cut: int,
+                new_id: FileArray | None, folder: Path, b: Budget) -> tuple[FileArray, ...]:
+    """Order k's kept keys (renumbered), log10 p and back-off, and the new id of every old n-gram (None
+    at the highest order)."""
+    V, top = counts.vocab_size, backoff is None
+    with (Appender(folder / f"kept-keys{k}.bin", np.int64) as keys,
+          Appender(folder / f"kept-logp{k}.bin", np.float32) as logp,
+          Appender(folder / f"kept-backoff{k}.bin", np.float32) as bo,
+          Appender(folder / f"new-id{k}.bin", np.int64) as ids):
+        kept = 0
+        for a0 in range(0, len(counts.keys[k - 1]), b.chunk):
+            keep = counts.counts[k - 1].read(a0, a0 + b.chunk) > cut  # (m,)
+            key = counts.keys[k - 1].read(a0, a0 + b.chunk)[keep]  # (m',)
+            ctx = key // V if new_id is None else take_sorted(new_id, key // V)  # (m',)
+            keys.add(ctx * V + key % V)
+            logp.add(log_p[a0 : a0 + b.chunk][keep])
+            if not top:
+                bo.add(backoff[a0 : a0 + b.chunk][keep])
+                ids.add(kept + np.cumsum(keep) - 1)  # (m,) meaningful where kept
+            kept += int(keep.sum())
+    if top:
+        bo.array.path.unlink()
+        ids.array.path.unlink()
+    return keys.array, logp.array, None if top else bo.array, None if top else ids.array
 
 
 def _add_backoffs(out: Appender, done: int, contexts: np.ndarray, gamma: np.ndarray, chunk: int,

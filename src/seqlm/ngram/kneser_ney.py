@@ -199,7 +199,7 @@ def estimate_model(
 ) -> NGramModel:
     """Estimate a KN model from `stream`, encoded with the training `vocab` (which has no <s>).
 
-    `prune`: lmplz's --prune thresholds; `memory`: bytes for counting (None: all in memory).
+    `prune`: lmplz's --prune thresholds; `memory`: bytes of working space (None: all in memory).
 
     The model's vocabulary is `vocab` with <s> appended, so training ids stay valid model ids.
     """
@@ -208,15 +208,9 @@ def estimate_model(
     if len(stream.ids) and (int(np.max(stream.ids)) >= len(vocab) or int(np.min(stream.ids)) < 0):
         raise SeqlmError("training ids outside the vocabulary; re-encode the text with this vocabulary")
     model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])
-    counts = None
-    if memory is not None and not any(prune):  # every stage on tables in files (external_estimate.py)
+    if memory is not None:  # every stage on tables in files, pruning included (external_estimate.py)
         from seqlm.ngram.external_estimate import estimate_bounded
 
-        return estimate_bounded(stream, model_vocab, order, fallback, memory)
-    if memory is not None:  # counting in bounded memory, pruning in memory (external.py)
-        from seqlm.ngram.external import count_ngrams_bounded
-
-        counts = count_ngrams_bounded(stream, model_vocab.bos_id, len(model_vocab), order, memory)
-    keys, log_p, backoffs, _ = estimate(stream, len(model_vocab), model_vocab.bos_id, order, fallback, prune,
-                                        counts)
+        return estimate_bounded(stream, model_vocab, order, fallback, memory, prune=tuple(prune))
+    keys, log_p, backoffs, _ = estimate(stream, len(model_vocab), model_vocab.bos_id, order, fallback, prune)
     return NGramModel(model_vocab, keys, log_p, backoffs)
