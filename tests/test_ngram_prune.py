@@ -67,7 +67,8 @@ def test_count_pruning_matches_lmplz(name: str, memory: str, tmp_path: Path) -> 
 
 
 def test_bounded_pruning_equals_in_memory() -> None:
-    """--memory with --prune: the same tables bit for bit as in memory, in chunks (5,242 rows at 1M) smaller than each order."""
+    """--memory with --prune: the same tables bit for bit as in memory, read in chunks (5,242 rows at 1M)
+    smaller than each order."""
     rng = np.random.default_rng(3)
     words = [f"w{i}" for i in range(60)]
     lines = [" ".join(rng.choice(words[: rng.integers(5, 60)], size=rng.integers(1, 14))) for _ in range(6000)]
