@@ -183,3 +183,33 @@ def test_a_second_demo_run_shows_the_results_without_training(tmp_path, monkeypa
     assert len(ppl) == 2 and ppl == [line for line in second.splitlines() if "valid ppl" in line]
     assert "already trained" in second and str(tmp_path / "runs" / "demo-lstm") in second
     assert str(tmp_path / "runs" / "demo-kn5") in second
+
+
+def test_bf16_is_refused_where_the_cpu_cannot_run_the_model_in_it(tmp_path, monkeypatch, capsys):
+    from seqlm.train import loop
+
+    write_corpus(tmp_path / "data", n_train=40, n_eval=8)
+    monkeypatch.setattr(loop, "cpu_bf16_runs", lambda kind: False)  # an AVX2-only CPU, wherever the test runs
+    err = refused(capsys, "train", "--model", "lstm", "--data", tmp_path / "data", "--out", tmp_path / "m",
+                  "--precision", "bf16", *LSTM)
+    assert "--precision fp32" in err and "LSTM" in err
+    code, _, _ = run(capsys, "train", "--model", "lstm", "--data", tmp_path / "data", "--out", tmp_path / "m2",
+                     "--precision", "fp32", *LSTM)
+    assert code == 0
+
+
+def test_the_bf16_probe_says_what_this_cpu_runs():
+    import torch
+
+    from seqlm.train import loop
+
+    lstm = torch.nn.LSTM(8, 8, num_layers=2, batch_first=True)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = lstm(torch.randn(3, 5, 8))
+        out.float().sum().backward()
+        ran = True
+    except RuntimeError:
+        ran = False
+    assert loop.cpu_bf16_runs(torch.nn.LSTM) == ran
+    assert loop.cpu_bf16_runs(torch.nn.RNN) or not ran
