@@ -29,6 +29,12 @@ class Discount:
         return table[np.minimum(adjusted, 3)]
 
 
+def cuts_per_order(prune, order: int) -> list[int]:
+    """lmplz's --prune thresholds, one per order 1..N (the last given repeats; 0: nothing pruned there)."""
+    t = list(prune) or [0]
+    return (t + [t[-1]] * order)[:order]
+
+
 def count_of_counts(adjusted: np.ndarray) -> np.ndarray:
     """(4,) int64 n_1..n_4: how many n-grams have adjusted count 1, 2, 3, 4 (sums over chunks add up)."""
     return np.bincount(np.minimum(adjusted, 5), minlength=6)[1:5].astype(np.int64)

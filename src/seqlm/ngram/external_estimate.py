@@ -36,7 +36,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.ngram.arpa_write import write_arpa
 from seqlm.ngram.counts import NGramCounts
-from seqlm.ngram.discounts import BOS_LOG10, Discount, _log10_f32, count_of_counts, discount_of
+from seqlm.ngram.discounts import BOS_LOG10, Discount, _log10_f32, count_of_counts, cuts_per_order, discount_of
 from seqlm.ngram.external import count_to_files
 from seqlm.ngram.filearray import (
     Appender,
@@ -138,7 +138,7 @@ def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tu
         counts = count_to_files(stream, vocab.bos_id, len(vocab), order, memory, folder)
         adjusted, coc = adjust_counts(counts, folder, budget)
         discounts = [discount_of(k, n, fallback) for k, n in enumerate(coc, 1)]
-        cuts = _cuts(prune, order)
+        cuts = cuts_per_order(prune, order)
         log_p, backoffs = interpolate(counts, adjusted, discounts, folder, budget, cuts)
         keys = counts.keys
         if any(cuts):
@@ -154,12 +154,6 @@ def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tu
         for t in getattr(counts, name)[1:]:
             t.path.unlink()
     return DiskNGramModel(vocab, keys, log_p, backoffs, folder, memory)
-
-
-def _cuts(prune: tuple[int, ...], order: int) -> list[int]:
-    """The --prune threshold of each order 1..N (0: nothing pruned at that order)."""
-    t = list(prune) or [0]
-    return (t + [t[-1]] * order)[:order]
 
 
 def adjust_counts(counts: NGramCounts, folder: Path, b: Budget) -> tuple[list[Table], list[np.ndarray]]:

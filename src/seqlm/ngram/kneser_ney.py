@@ -49,6 +49,7 @@ from seqlm.ngram.discounts import (
     Discount,
     _log10_f32,
     count_of_counts,
+    cuts_per_order,
     discount_of,
 )
 from seqlm.ngram.model import NGramModel
@@ -96,7 +97,7 @@ def prune_marks(counts: NGramCounts, thresholds: list[int]) -> list[np.ndarray] 
     """
     if not any(thresholds):
         return None
-    t = list(thresholds) + [thresholds[-1]] * (counts.order - len(thresholds))
+    t = cuts_per_order(thresholds, counts.order)
     return [np.zeros(len(counts.keys[0]), dtype=bool)] + [
         counts.counts[k - 1] <= t[k - 1] for k in range(2, counts.order + 1)
     ]
