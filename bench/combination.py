@@ -132,6 +132,17 @@ def _finished(out: Path) -> bool:
     return status["epoch"] >= json.loads((out / "config.json").read_text())["model"]["train"]["max_epochs"]
 
 
+def component_dir(name: str, threads: int) -> tuple[Path, dict]:
+    """A full-recipe component for another table's chained row (bench/ctc.py, bench/quantize.py): trained
+    here first when missing or unfinished, so that row reproduces from nothing; (its directory, its record)."""
+    c = {c.name: c for c in components()}[name]
+    out = WORK / "combination" / name
+    args = argparse.Namespace(quick=False, threads=threads, session_minutes=0.0)
+    record = train(c, ptb_dir(), out, args)
+    return out, {"model_dir": str(out), "model_recipe": f"{c.source}: " + " ".join(c.flags),
+                 "model_trained_by": f"bench/combination.py component {name}", **record}
+
+
 def ppl(logp: np.ndarray) -> float:
     return math.exp(-float(np.mean(logp)))
 

@@ -11,8 +11,8 @@ the character error rate of the `greedy` row. Rows: `greedy`; pyctcdecode's beam
 same alpha and beta everywhere, PTB training vocabulary as unigrams) with the KN5 through the kenlm module
 (`kn5-kenlm`) and through seqlm (`kn5-seqlm`), with the LSTM (`lstm`) and with the LSTM and KN5 interpolated
 by EM on PTB valid (`lstm-kn5`). Fields: wer, cer, seconds (decoding only), utterances.
-Models: KN5 trained on PTB train here unless --model kn5=DIR; the LSTM is bench/sparse.py's lstm-ptb unless
---model lstm=DIR. Writes bench/results/ctc.json.
+Models: KN5 trained on PTB train here unless --model kn5=DIR; the LSTM is bench/combination.py's component
+`lstm` (the recipe of bench/sparse.py's lstm-ptb), trained first when missing, unless --model lstm=DIR. Writes bench/results/ctc.json.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import seqlm.kenlm as seqlm_kenlm
 from seqlm.cli import main as seqlm_main
 from seqlm.kenlm.ctc import build_ctcdecoder
 
+from combination import component_dir
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
 WORK = CHECKPOINTS / "ctc"
@@ -106,8 +107,10 @@ def main() -> None:
     p.add_argument("--noise", type=float, default=NOISE)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    models = {"lstm": CHECKPOINTS / "sparse" / "lstm-ptb",
-              **{k: Path(v) for k, v in (m.split("=", 1) for m in args.model)}}
+    models = {k: Path(v) for k, v in (m.split("=", 1) for m in args.model)}
+    lstm = {"model_dir": str(models.get("lstm"))}
+    if "lstm" not in models and {"lstm", "lstm-kn5"} & set(args.rows.split(",")):
+        models["lstm"], lstm = component_dir("lstm", args.threads)  # trained first when missing
     refs = [" ".join(line.split()) for line in (ptb_dir() / "test.txt").read_text().splitlines() if line.split()]
     refs = refs[: args.utterances]
     vocab = seqlm_kenlm.Model(str(kn5_dir(models))).vocab.itos
@@ -127,7 +130,8 @@ def main() -> None:
             hyps = [decoder.decode(x, beam_width=args.beam) for x in logits]
         seconds = time.perf_counter() - t
         wer, cer = error_rates(hyps, refs)
-        result = {"name": row, "wer": wer, "cer": cer, "seconds": seconds, "utterances": len(refs), **recipe}
+        result = {"name": row, "wer": wer, "cer": cer, "seconds": seconds, "utterances": len(refs), **recipe,
+                  **({"lstm": lstm} if row.startswith("lstm") else {})}
         print(result, flush=True)
         merge_rows("ctc", [result], {"recipe": __doc__.split("\n\n")[1]})
 

@@ -3,8 +3,9 @@
     python bench/quantize.py --rows lstm,rnn,transformer --threads 1
     python bench/quantize.py --rows lstm --model lstm=DIR --limit 200       # another model, a quick look
 
-Each row quantizes a trained PTB model (defaults: the checkpoints bench/sparse.py, bench/rnnlm_ptb.py and
-bench/transformer_ptb.py write; `--model ROW=DIR` for another) into bench/checkpoints/quantize/ROW-int8,
+Each row quantizes a trained PTB model (default: the component of bench/combination.py, i.e. the recipe of
+sparse.py lstm-ptb, rnnlm_ptb.py rnn-bptt-h400-long or transformer_ptb.py transformer-ptb, trained first
+when missing, so a row reproduces from nothing; `--model ROW=DIR` for another) into bench/checkpoints/quantize/ROW-int8,
 then evaluates both on PTB test, sentence by sentence as `seqlm eval`, timing one pass each after a
 short warm-up. Fields: test_ppl, test_ppl_int8, tokens_per_s, tokens_per_s_int8, speedup (int8 over
 float32 tokens/s, one run), ppl_ratio (int8 over float32), bytes and bytes_int8 (the model directories on
@@ -23,13 +24,10 @@ from seqlm.data.corpus import TokenStream, encode_file
 from seqlm.eval.perplexity import evaluate, score_tokens
 from seqlm.nn.quantize import quantize_dir
 
+from combination import component_dir
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
-DEFAULT_MODELS = {
-    "lstm": CHECKPOINTS / "sparse" / "lstm-ptb",
-    "rnn": CHECKPOINTS / "rnnlm_ptb" / "rnn-bptt-h400",
-    "transformer": CHECKPOINTS / "transformer_ptb" / "transformer-ptb",
-}
+COMPONENTS = {"lstm": "lstm", "rnn": "rnn", "transformer": "transformer"}  # row -> bench/combination.py component
 
 
 def timed_eval(model, stream) -> tuple[dict, float]:
@@ -48,9 +46,12 @@ def limited(stream, n: int):
     return TokenStream(stream.ids[:end], stream.starts[: n + 1])
 
 
-def run_row(name: str, model_dir: Path, limit: int) -> dict:
-    if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"{name}: no trained model at {model_dir}; train it first or pass --model {name}=DIR")
+def run_row(name: str, model_dir: Path | None, limit: int, threads: int) -> dict:
+    record = {"model_dir": str(model_dir)}
+    if model_dir is None:
+        model_dir, record = component_dir(COMPONENTS[name], threads)
+    elif not (model_dir / "config.json").is_file():
+        raise SystemExit(f"{name}: no trained model at {model_dir}")
     out = CHECKPOINTS / "quantize" / f"{name}-int8"
     summary = quantize_dir(model_dir, out)  # every time: seconds, and the row's model may have changed
     fp32, int8 = seqlm.load(model_dir), seqlm.load(out)
@@ -59,7 +60,7 @@ def run_row(name: str, model_dir: Path, limit: int) -> dict:
     res_q, speed_q = timed_eval(int8, stream)
     size = {d: sum(f.stat().st_size for f in d.iterdir() if f.is_file()) for d in (model_dir, out)}
     return {
-        "name": name, "model_dir": str(model_dir), "sentences": stream.num_sentences, "tokens": res["tokens"],
+        "name": name, **record, "sentences": stream.num_sentences, "tokens": res["tokens"],
         "test_ppl": res["ppl"], "test_ppl_int8": res_q["ppl"],
         "tokens_per_s": speed, "tokens_per_s_int8": speed_q, "speedup": speed_q / speed,
         "ppl_ratio": res_q["ppl"] / res["ppl"], "bytes": size[model_dir], "bytes_int8": size[out],
@@ -73,9 +74,9 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=0, help="first N test sentences only (0: all)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    models = {**DEFAULT_MODELS, **{k: Path(v) for k, v in (m.split("=", 1) for m in args.model)}}
+    models = {k: Path(v) for k, v in (m.split("=", 1) for m in args.model)}
     for name in args.rows.split(","):
-        row = run_row(name, models[name], args.limit)
+        row = run_row(name, models.get(name), args.limit, args.threads)
         print(row, flush=True)
         merge_rows("quantize", [row], {"recipe": "torch.ao.quantization.quantize_dynamic (qint8) of the LSTM and "
                                                  "self-contained Linear layers; eval = seqlm eval on PTB test"})
