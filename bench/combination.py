@@ -45,6 +45,7 @@ from seqlm.eval.dynamic import DEFAULT_SEGMENT, dynamic_logp, updatable
 from seqlm.eval.perplexity import can_stream, evaluate, score_tokens
 from seqlm.models.mixture import MixtureModel, fit_weights, mix_logp
 from seqlm.train.loop import run_status
+from seqlm.train.precision import native_bf16
 from seqlm.train.run import train_from_cli
 
 from common import merge_rows, ptb_dir
@@ -110,7 +111,7 @@ def train(c: Component, data: Path, out: Path, args: argparse.Namespace) -> dict
         status = run_status(out)
         flags = list(c.quick if args.quick else c.flags)
         if c.family not in COUNTED:
-            flags += ["--precision", "fp32" if args.quick else c.precision, "--threads", str(args.threads)]
+            flags += ["--precision", precision(c, args), "--threads", str(args.threads)]
         train_from_cli(c.family, str(data), str(out), None, flags, resume=status["started"],
                        session_minutes=args.session_minutes)
     if c.family in COUNTED:
@@ -119,7 +120,13 @@ def train(c: Component, data: Path, out: Path, args: argparse.Namespace) -> dict
     # every epoch's time, a cut (and later redone) one too: what the training cost
     history = run_status(out)["history"]
     return {"train_minutes": sum(h["epoch_seconds"] for h in history) / 60, "finished": _finished(out),
-            "epochs": len(history)}
+            "epochs": len(history), "precision": json.loads((out / "config.json").read_text())["model"]["train"]
+            .get("precision", "fp32")}
+
+
+def precision(c: Component, args: argparse.Namespace) -> str:
+    """The recipe's precision, except fp32 for --quick and where bf16 would be emulated (many times slower)."""
+    return "fp32" if args.quick or not native_bf16() else c.precision
 
 
 def _finished(out: Path) -> bool:

@@ -186,10 +186,10 @@ def test_a_second_demo_run_shows_the_results_without_training(tmp_path, monkeypa
 
 
 def test_bf16_is_refused_where_the_cpu_cannot_run_the_model_in_it(tmp_path, monkeypatch, capsys):
-    from seqlm.train import loop
+    from seqlm.train import precision
 
     write_corpus(tmp_path / "data", n_train=40, n_eval=8)
-    monkeypatch.setattr(loop, "cpu_bf16_runs", lambda kind: False)  # an AVX2-only CPU, wherever the test runs
+    monkeypatch.setattr(precision, "cpu_bf16_runs", lambda kind: False)  # an AVX2-only CPU, wherever the test runs
     err = refused(capsys, "train", "--model", "lstm", "--data", tmp_path / "data", "--out", tmp_path / "m",
                   "--precision", "bf16", *LSTM)
     assert "--precision fp32" in err and "LSTM" in err
@@ -198,10 +198,23 @@ def test_bf16_is_refused_where_the_cpu_cannot_run_the_model_in_it(tmp_path, monk
     assert code == 0
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_emulated_bf16_is_trained_with_a_warning(tmp_path, monkeypatch, capsys, native):
+    from seqlm.train import precision
+
+    write_corpus(tmp_path / "data", n_train=40, n_eval=8)
+    monkeypatch.setattr(precision, "native_bf16", lambda: native)
+    code, _, err = run(capsys, "train", "--model", "fnn", "--data", tmp_path / "data", "--out", tmp_path / "m",
+                       "--precision", "bf16", "--order", "3", "--embed", "8", "--hidden", "16", "--max-epochs", "1",
+                       "--threads", "1")
+    assert code == 0 and (tmp_path / "m" / "config.json").is_file()
+    assert ("bf16 is emulated here" in err) == (not native)
+
+
 def test_the_bf16_probe_says_what_this_cpu_runs():
     import torch
 
-    from seqlm.train import loop
+    from seqlm.train import precision
 
     lstm = torch.nn.LSTM(8, 8, num_layers=2, batch_first=True)
     try:
@@ -211,5 +224,5 @@ def test_the_bf16_probe_says_what_this_cpu_runs():
         ran = True
     except RuntimeError:
         ran = False
-    assert loop.cpu_bf16_runs(torch.nn.LSTM) == ran
-    assert loop.cpu_bf16_runs(torch.nn.RNN) or not ran
+    assert precision.cpu_bf16_runs(torch.nn.LSTM) == ran
+    assert precision.cpu_bf16_runs(torch.nn.RNN) or not ran

@@ -16,7 +16,6 @@ partial (a metrics row with "partial": true, no schedule decision) and its posit
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 import json
 import math
@@ -38,6 +37,7 @@ from seqlm.checkpoint import atomic_write_text
 from seqlm.config import TrainConfig
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
+from seqlm.train.precision import PrecisionUnsupported, check_precision  # noqa: F401 (demo imports it here)
 from seqlm.eval.perplexity import evaluate
 from seqlm.nn.softmax import layer_stats
 from seqlm.protocol import Batch
@@ -168,35 +168,6 @@ def fit(
     if stopped:
         raise SystemExit(128 + stopped)
     return history
-
-
-class PrecisionUnsupported(SeqlmError):
-    """--precision asks for what this machine cannot run (the demo falls back to fp32 on it)."""
-
-
-def check_precision(model: nn.Module, precision: str, device: torch.device) -> None:
-    """Refuse bf16 where a module of the model cannot run in it here, before any training: oneDNN has no
-    bf16 LSTM kernel on CPUs without native bf16 instructions (AVX2-only ones), where the first step
-    would otherwise fail with an opaque primitive-descriptor error."""
-    if precision != "bf16" or device.type != "cpu":
-        return
-    for kind in {type(m) for m in model.modules() if isinstance(m, nn.RNNBase)}:
-        if not cpu_bf16_runs(kind):
-            raise PrecisionUnsupported(f"--precision bf16: this CPU cannot run torch's {kind.__name__} in bf16 "
-                                       "(oneDNN has no kernel for it here); use --precision fp32")
-
-
-@functools.cache
-def cpu_bf16_runs(kind: type[nn.RNNBase]) -> bool:
-    """Whether a tiny module of this kind runs forward and backward under CPU bf16 autocast here."""
-    probe = kind(4, 4, batch_first=True)
-    try:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out, _ = probe(torch.zeros(1, 2, 4))  # (1, 2, 4)
-        out.float().sum().backward()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _epochs(run: Run, resume: bool, session_minutes: float) -> list[dict]:
