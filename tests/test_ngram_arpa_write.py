@@ -19,6 +19,7 @@ from seqlm.models.kn import KNConfig, estimate_kn
 from seqlm.ngram import arpa_write, floattext
 from seqlm.ngram.arpa_write import open_arpa, write_arpa
 from seqlm.ngram.floattext import float32_texts, numpy2_str
+from seqlm.ngram.native import extension
 
 
 def reference_arpa(tokens: list[str], keys: list[np.ndarray], probs: list[np.ndarray],
@@ -58,19 +59,36 @@ def test_numpy2_str_by_hand() -> None:  # numpy 2.4's own texts, written down
     assert [numpy2_str(np.float32(v)) for v, _ in cases] == [t for _, t in cases]
 
 
-def test_float_texts_equal_numpys_str() -> None:
+def value_sets() -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)  # any float32
     r = rng.uniform(-6, 6, 200_000)
     log_uniform = (np.sign(rng.uniform(-1, 1, len(r))) * 10.0**r).astype(np.float32)  # both notations
     log10p = -rng.exponential(2.0, 200_000).astype(np.float32)  # like ARPA values
     ints = np.arange(-1000, 1000, dtype=np.float32)
-    for values in (bits, log_uniform, log10p, ints, np.array(SPECIAL, dtype=np.float32)):
-        # numpy 2's str of a float32, whatever numpy is installed (numpy 1.x goes scientific later)
-        want = [str(v) for v in values] if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else \
-            [numpy2_str(v) for v in values]
+    return [bits, log_uniform, log10p, ints, np.array(SPECIAL, dtype=np.float32)]
+
+
+def numpy_texts(values: np.ndarray) -> list[str]:
+    """numpy 2's str of each float32, whatever numpy is installed (numpy 1.x goes scientific later)."""
+    if np.lib.NumpyVersion(np.__version__) >= "2.0.0":
+        return [str(v) for v in values]
+    return [numpy2_str(v) for v in values]
+
+
+def test_float_texts_equal_numpys_str() -> None:
+    for values in value_sets():
+        want = numpy_texts(values)
         assert texts_of(values, b"\t", b"\n") == [("\t" + t + "\n").encode() for t in want]
     assert texts_of(np.array([-2.5, 0.0], dtype=np.float32)) == [b"-2.5", b"0.0"]
+
+
+def test_compiled_float_texts_equal_numpys_str() -> None:
+    ext = extension()
+    if ext is None:
+        pytest.skip("the compiled loops could not be built here")
+    for values in value_sets():
+        assert ext.float32_texts(values).decode().split("\n")[:-1] == numpy_texts(values)
 
 
 def _random_model(rng: np.random.Generator, order: int, words: int) -> tuple[list[str], list, list, list]:
@@ -95,12 +113,15 @@ def _random_model(rng: np.random.Generator, order: int, words: int) -> tuple[lis
     return tokens, keys, probs, backoffs
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**31), st.integers(1, 5), st.integers(0, 40), st.sampled_from([3, 64, 1 << 14]))
-def test_arpa_bytes_equal_the_reference(seed: int, order: int, words: int, chunk: int) -> None:
+def test_arpa_bytes_equal_the_reference(compiled: bool, seed: int, order: int, words: int, chunk: int) -> None:
     rng = np.random.default_rng(seed)
     tokens, keys, probs, backoffs = _random_model(rng, order, words)
     with pytest.MonkeyPatch.context() as mp:  # small chunks: lines and numbers cross chunk boundaries
+        if not compiled:  # the numpy path (the compiled one too, where the module could be built)
+            mp.setattr(arpa_write, "extension", lambda: None)
         mp.setattr(arpa_write, "CHUNK", chunk)
         mp.setattr(floattext, "CHUNK", max(1, chunk // 2))
         with tempfile.TemporaryDirectory() as tmp:
@@ -108,7 +129,10 @@ def test_arpa_bytes_equal_the_reference(seed: int, order: int, words: int, chunk
             assert (Path(tmp) / "m.arpa").read_bytes() == reference_arpa(tokens, keys, probs, backoffs)
 
 
-def test_estimated_model_written_as_the_reference_writes_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compiled", [True, False])
+def test_estimated_model_written_as_the_reference_writes_it(tmp_path: Path, monkeypatch, compiled: bool) -> None:
+    if not compiled:
+        monkeypatch.setattr(arpa_write, "extension", lambda: None)
     rng = np.random.default_rng(3)
     sentences = [[f"w{w}" for w in rng.integers(0, 60, rng.integers(1, 15))] for _ in range(600)]
     counts: dict[str, int] = {EOS: len(sentences)}

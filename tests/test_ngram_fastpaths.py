@@ -44,3 +44,18 @@ def test_compiled_assemble_equals_numpy_and_slicing(data: bytes, pieces: list[tu
     if len(pieces):
         with pytest.raises(ValueError, match="outside the buffer"):
             ext.assemble(buf, start, length + len(data) + 1)
+
+
+def test_compiled_arpa_lines_refuse_what_they_cannot_write() -> None:
+    ext = extension()
+    if ext is None:
+        pytest.skip("the compiled loops could not be built here")
+    text = np.frombuffer(b" a b\n", dtype=np.uint8)
+    start, length = np.array([0, 2, 4], dtype=np.int64), np.array([2, 2, 1], dtype=np.int64)
+    prob = np.array([-1.5], dtype=np.float32)
+    assert ext.arpa_lines(np.array([[0, 1]]), 2, prob, None, text, start, length) == b"-1.5\ta b\n"
+    assert ext.arpa_lines(np.array([[1]]), 1, prob, prob, text, start, length) == b"-1.5\tb\t-1.5\n"
+    with pytest.raises(ValueError, match="without text"):
+        ext.arpa_lines(np.array([[0, 3]]), 2, prob, None, text, start, length)
+    with pytest.raises(ValueError, match="disagree"):
+        ext.arpa_lines(np.array([[0, 1]]), 1, prob, None, text, start, length)

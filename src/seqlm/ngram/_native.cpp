@@ -1,7 +1,7 @@
 // seqlm.ngram's compiled loops, each the twin of a Python or numpy version it is tested against:
 // - Scorer: scalar.py's per-token walk (ScalarScorer.score: the same probes and back-offs), one token per
 //   call (score, base_score), a sentence (walk) or a whole stream of them (stream);
-// - assemble: arpa_write.py's gather of byte pieces into ARPA lines.
+// - ARPA text (assemble, arpa_lines, float32_texts): in _arpa_text.cpp, registered here.
 // Built on first use by torch.utils.cpp_extension (native.py); plain CPython API, no torch headers.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -409,38 +409,15 @@ static PyTypeObject ScorerType = {
     PyVarObject_HEAD_INIT(NULL, 0) "_seqlm_native.Scorer", sizeof(Scorer), 0,
 };
 
-static PyObject *assemble(PyObject *module, PyObject *args) {
-    // assemble(buf u1 (B,), start i8 (P,), length i8 (P,)) -> bytes: buf[start[i] : start[i] + length[i]] joined
-    PyObject *a[3], *out = NULL;
-    Py_buffer b[3];
-    int got = 0;
-    if (!PyArg_ParseTuple(args, "OOO", &a[0], &a[1], &a[2])) return NULL;
-    for (; got < 3; got++)
-        if (PyObject_GetBuffer(a[got], &b[got], PyBUF_C_CONTIGUOUS) < 0) break;
-    if (got == 3) {
-        const char *buf = (const char *)b[0].buf;
-        const int64_t *start = (const int64_t *)b[1].buf, *length = (const int64_t *)b[2].buf;
-        Py_ssize_t P = b[1].len / 8, total = 0, i;
-        for (i = 0; i < P; i++) {
-            if (b[2].len != b[1].len || start[i] < 0 || length[i] < 0 || start[i] + length[i] > b[0].len) break;
-            total += length[i];
-        }
-        if (i < P) {
-            PyErr_SetString(PyExc_ValueError, "assemble: a piece lies outside the buffer");
-        } else if ((out = PyBytes_FromStringAndSize(NULL, total))) {
-            char *at = PyBytes_AS_STRING(out);
-            for (i = 0; i < P; i++) {
-                memcpy(at, buf + start[i], (size_t)length[i]);
-                at += length[i];
-            }
-        }
-    }
-    while (got-- > 0) PyBuffer_Release(&b[got]);
-    return out;
-}
+// _arpa_text.cpp
+PyObject *seqlm_assemble(PyObject *, PyObject *);
+PyObject *seqlm_arpa_lines(PyObject *, PyObject *);
+PyObject *seqlm_float32_texts(PyObject *, PyObject *);
 
 static PyMethodDef module_methods[] = {
-    {"assemble", assemble, METH_VARARGS, "assemble(buf, start, length) -> the pieces joined, as bytes"},
+    {"assemble", seqlm_assemble, METH_VARARGS, "assemble(buf, start, length) -> the pieces joined, as bytes"},
+    {"arpa_lines", seqlm_arpa_lines, METH_VARARGS, "arpa_lines(words, k, prob, backoff, text, start, length)"},
+    {"float32_texts", seqlm_float32_texts, METH_VARARGS, "float32_texts(values) -> each text and a newline"},
     {NULL, NULL, 0, NULL},
 };
 

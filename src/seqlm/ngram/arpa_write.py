@@ -7,7 +7,8 @@ A line of order k is k + 2 pieces of text:
 The pieces live in one byte buffer (each word once, with a leading space; the chunk's numbers, one
 fixed-width row per distinct value, floattext.py), so a chunk of lines is one gather of pieces, a
 memcpy each in compiled code (native.py) or, without it, a numpy gather whose source index is a running
-sum of jumps. Python never touches a line or a number; memory beyond the tables is a few buffers the
+sum of jumps; with the compiled module the lines are written there whole, numbers included (the numpy
+path is its tested twin). Python never touches a line or a number; memory beyond the tables is a few buffers the
 size of one chunk.
 Numbers are the shortest text that reads back as the same float32, as KenLM writes them and as
 numpy's str prints a float32 ('-2.6589744', '0.0', '-inf').
@@ -103,6 +104,11 @@ class ArpaWriter:
 
     def _lines(self, words: np.ndarray, prob: np.ndarray, backoff: np.ndarray | None) -> bytes:
         m, k = words.shape
+        ext = extension()
+        if ext is not None:  # the same bytes, every number formatted as it goes (5x faster on GCIDE KN5)
+            f32 = [None if v is None else np.ascontiguousarray(v, dtype=np.float32) for v in (prob, backoff)]
+            return ext.arpa_lines(np.ascontiguousarray(words, dtype=np.int64), k, *f32, self.buf[: self.room],
+                                  self.word_start, self.word_length)
         start = np.empty((m, k + 2), dtype=np.int64)  # (m, k + 2) the pieces of each line
         length = np.empty((m, k + 2), dtype=np.int64)
         at = self.room

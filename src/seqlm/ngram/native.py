@@ -1,5 +1,4 @@
-"""seqlm.ngram's compiled loops (_native.cpp): the per-token scorer (scalar.py) and ARPA line assembly
-(arpa_write.py), each with a Python or numpy twin that gives the same results.
+"""seqlm.ngram's compiled loops (SOURCES): the per-token scorer (scalar.py) and ARPA text (arpa_write.py), each with a Python or numpy twin that gives the same results.
 
 Built on first use in a process by torch.utils.cpp_extension (a C++ compiler and ninja are needed;
 the build is cached under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR, and takes seconds).
@@ -14,6 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
+SOURCES = ("_native.cpp", "_arpa_text.cpp")
 _MODULE: object = None  # the compiled module once loaded; False when it cannot be
 
 
@@ -28,7 +28,7 @@ def extension():
 
                 if shutil.which("ninja") is None:  # the `ninja` wheel (a dependency) sits beside this interpreter
                     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
-                _MODULE = load("_seqlm_native", [str(Path(__file__).with_name("_native.cpp"))],
+                _MODULE = load("_seqlm_native", [str(Path(__file__).with_name(f)) for f in SOURCES],
                                extra_cflags=["-O2"], verbose=False)
             except Exception as e:  # noqa: BLE001 (no compiler, no ninja: the twins give the same results)
                 warnings.warn(f"seqlm: n-gram loops run in Python/numpy ({type(e).__name__}: {e})", stacklevel=2)
