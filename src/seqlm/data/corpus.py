@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import hashlib
 import io
+import itertools
 import os
 import re
 import shutil
@@ -19,12 +20,13 @@ import stat
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from seqlm.data.native import tokens
 from seqlm.data.vocab import EOS, Vocab
 from seqlm.errors import SeqlmError
 
@@ -63,28 +65,80 @@ def _check_readable(path: Path) -> None:
 
 def read_sentences(path: str | Path, raw: bool = False, unit: str = "word") -> Iterator[list[str]]:
     """Yield sentences (token lists; characters with `unit="char"`). Blank lines are skipped. Errors name the
-    file and line.
+    file and line."""
+    for block in read_blocks(path, raw, unit):
+        yield from block
 
-    Lines are decoded one at a time so that an encoding error reports its own line number.
-    """
+
+BLOCK = 1 << 20  # bytes of text decoded and split at once (whole lines: a block ends at a newline)
+
+
+def read_blocks(path: str | Path, raw: bool = False, unit: str = "word") -> Iterator[list[list[str]]]:
+    """read_sentences a block of lines at a time: Python's per-line work (decoding, the NUL check) runs
+    once a block, and a caller can encode a block's words in one pass."""
+    for _, text in _text_blocks(path):
+        lines = text.split("\n")  # the lines binary iteration gives (str.splitlines also cuts at \r, ...)
+        if raw:
+            yield [as_units(t, unit) for line in lines for t in tokenize_raw(line)]
+        else:
+            yield [as_units(toks, unit) for line in lines if (toks := line.split())]
+
+
+def _text_blocks(path: str | Path) -> Iterator[tuple[bytes, str]]:
+    """The file in blocks of whole lines, as bytes and as text. An encoding error or NUL byte is located
+    within its block, so it still names its own line (and its byte within the line)."""
     path = Path(path)
     _check_readable(path)
+    lineno = 0  # lines before this block
     try:
         with _open_binary(path) as f:
-            for lineno, data in enumerate(f, 1):
-                if b"\x00" in data:
-                    raise SeqlmError(f"{path}:{lineno}: contains a NUL byte; is this a text file?")
-                try:
-                    line = data.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise SeqlmError(f"{path}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start}); "
-                                     "convert the file to UTF-8") from None
-                if raw:
-                    yield from (as_units(t, unit) for t in tokenize_raw(line))
-                elif toks := line.split():
-                    yield as_units(toks, unit)
+            while data := f.read(BLOCK):
+                data += f.readline()  # to the end of the line
+                yield data, _decoded(path, data, lineno)
+                lineno += data.count(b"\n")
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise SeqlmError(f"{path}: cannot read ({e})") from None
+
+
+def id_blocks(path: str | Path, raw: bool, unit: str, table: dict[str, int], grow: bool, unk: int,
+              eos: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The text's sentences a block at a time as (ids (n,) int32 with `eos` after every sentence, the end of
+    each sentence in them (S,) int64): each word looked up in `table`, a new one added with the next id
+    when `grow` (first-appearance ids), else mapped to `unk`. Words are split and looked up in compiled
+    code (data/native.py) for plain word-level text, else by Python, with the same result."""
+    ext = tokens() if unit == "word" and not raw else None
+    if ext is not None:
+        for data, _ in _text_blocks(path):  # decoded once to check it; the words are read from the bytes
+            ids, ends = ext.encode_lines(data, table, grow, unk, eos)
+            yield np.frombuffer(ids, dtype=np.int32), np.frombuffer(ends, dtype=np.int64)
+        return
+    for block in read_blocks(path, raw, unit):
+        ends = np.cumsum(np.fromiter(map(len, block), dtype=np.int64, count=len(block)) + 1)  # (S,)
+        ids = np.full(int(ends[-1]) if len(ends) else 0, eos, dtype=np.int32)  # (n,) eos where a sentence ends
+        words = np.ones(len(ids), dtype=bool)
+        words[ends - 1] = False
+        flat = itertools.chain.from_iterable(block)
+        ids[words] = ([table.setdefault(w, len(table)) for w in flat] if grow else
+                      [table.get(w, unk) for w in flat])
+        yield ids, ends
+
+
+def _decoded(path: Path, data: bytes, lineno: int) -> str:
+    """A block as text; its first NUL byte or invalid UTF-8 as an error naming the line."""
+    def line_of(at: int) -> tuple[int, int]:  # (line number, offset within that line) of byte `at`
+        return lineno + data.count(b"\n", 0, at) + 1, at - (data.rfind(b"\n", 0, at) + 1)
+
+    nul = data.find(b"\x00")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, at = line_of(e.start)
+        if nul < 0 or line_of(nul)[0] > line:  # a line is checked for NUL before it is decoded
+            raise SeqlmError(f"{path}:{line}: invalid UTF-8 ({e.reason} at byte {at}); "
+                             "convert the file to UTF-8") from None
+    if nul >= 0:
+        raise SeqlmError(f"{path}:{line_of(nul)[0]}: contains a NUL byte; is this a text file?")
+    return text
 
 
 def count_words(path: str | Path, raw: bool = False, unit: str = "word") -> Counter:
@@ -130,7 +184,6 @@ def _cache_key(path: Path, vocab: Vocab, raw: bool, unit: str = "word") -> str:
     return h.hexdigest()[:20]
 
 
-_CHUNK = 1 << 16  # ids buffered in Python lists between writes: a few MB, whatever the corpus size
 _ARRAY_CHUNK = 1 << 20  # ids per numpy pass over a raw file: 4 MB int32 (8 MB as int64 temporaries)
 
 
@@ -152,29 +205,16 @@ def _write_npy_from_raw(raw_path: Path, out_path: Path, dtype: np.dtype, count: 
     os.replace(tmp, out_path)
 
 
-def _write_ids(sentences: Iterator[list[str]], encode: Callable[[list[str]], list[int]], eos: int,
-               work: Path) -> int:
-    """Encode sentences into work/ids.raw (int32, `eos` after each) and work/starts.raw (int64), in chunks.
-
-    Neither the ids nor the sentence offsets are ever held whole: memory is bounded by the longest line.
-    Returns the number of ids written.
-    """
+def _write_ids(blocks: Iterator[tuple[np.ndarray, np.ndarray]], work: Path) -> int:
+    """Write id blocks (id_blocks) into work/ids.raw (int32) and work/starts.raw (int64, every sentence's
+    start and the end). Neither is ever held whole: memory is bounded by a block. Returns the ids written."""
     n_tok = 0
-    ids: list[int] = []
-    starts: list[int] = [0]
     with open(work / "ids.raw", "wb") as f_ids, open(work / "starts.raw", "wb") as f_starts:
-        for sent in sentences:
-            ids.extend(encode(sent))
-            ids.append(eos)
-            n_tok += len(sent) + 1
-            starts.append(n_tok)
-            if len(ids) >= _CHUNK:
-                f_ids.write(np.asarray(ids, dtype=np.int32).tobytes())
-                f_starts.write(np.asarray(starts, dtype=np.int64).tobytes())
-                ids.clear()
-                starts.clear()
-        f_ids.write(np.asarray(ids, dtype=np.int32).tobytes())
-        f_starts.write(np.asarray(starts, dtype=np.int64).tobytes())
+        f_starts.write(np.zeros(1, dtype=np.int64).tobytes())
+        for ids, ends in blocks:
+            f_ids.write(ids.tobytes())
+            f_starts.write((ends + n_tok).tobytes())
+            n_tok += len(ids)
     return n_tok
 
 
@@ -220,7 +260,7 @@ def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bo
         return TokenStream(np.load(ids_path, mmap_mode="r"), np.load(starts_path, mmap_mode="r"))
     work, cached = _workdir(ids_path.parent)
     try:
-        n_tok = _write_ids(read_sentences(path, raw, unit), vocab.encode, vocab.eos_id, work)
+        n_tok = _write_ids(id_blocks(path, raw, unit, vocab.stoi, False, vocab.unk_id, vocab.eos_id), work)
         if n_tok == 0:
             raise _empty(path)
         return _finish(work, n_tok, (ids_path, starts_path) if use_cache and cached else None)
@@ -251,13 +291,10 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
             return Vocab.load(cached_vocab)
     prov: dict[str, int] = {EOS: 0}  # provisional ids; a literal </s> in the text is the sentence end
 
-    def encode(sent: list[str]) -> list[int]:
-        return [prov.setdefault(w, len(prov)) for w in sent]
-
     work, cached = _workdir(cache_dir() / "ids")
     cached = cached and use_cache
     try:
-        n_tok = _write_ids(read_sentences(path, raw, unit), encode, 0, work)
+        n_tok = _write_ids(id_blocks(path, raw, unit, prov, True, -1, 0), work)
         if n_tok == 0:
             raise _empty(path)
         counts = np.zeros(len(prov), dtype=np.int64)
