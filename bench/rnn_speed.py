@@ -2,6 +2,7 @@
 and the reference C++ toolkit, faster-rnnlm, run by this script in the same run.
 
     python bench/rnn_speed.py [--threads 2] [--seconds 20]
+    python bench/rnn_speed.py --threads 1 --quality-seconds 180 --quality-only   # equal-time perplexity
 
 Trains each configuration for a fixed wall time from scratch (speed only: the perplexity rows are in
 rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. faster-rnnlm ($FASTER_RNNLM, the binary or
@@ -9,20 +10,28 @@ its folder, else ../shared/tools/faster-rnnlm/rnnlm) trains first, alone, for th
 the same threads and H (sigmoid Elman, hierarchical softmax, BPTT 32, as its README measures it); its
 last words/s report is each row's `faster_rnnlm_words_per_s`. Without it the rows say so. Also reports
 the float32 matmul ceiling measured by this script at the model's layer shapes, for scale.
+
+--quality-seconds S adds the row `rnn-hH-quality-Ss`: seqlm's rnn (class output, the last --batch-sizes)
+trained through its CLI with --max-minutes S/60, and faster-rnnlm trained for at most S seconds (its own
+schedule usually ends it first), one after the other; both then score PTB test (seqlm sentence by sentence
+and as one stream; faster-rnnlm by its -test entropy).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+import seqlm
 from seqlm.config import apply_overrides
 from seqlm.data.corpus import count_words, encode_file
 from seqlm.data.vocab import Vocab
@@ -60,13 +69,67 @@ def faster_rnnlm_speed(binary: Path, threads: int, hidden: int, seconds: float) 
     return float(rates[-1]) * 1000
 
 
+def faster_rnnlm_quality(binary: Path, threads: int, hidden: int, seconds: float) -> dict:
+    """faster-rnnlm trained on PTB for at most `seconds` (its own schedule may stop it first), then its
+    test perplexity (its `-test` entropy in bits a word: 2^entropy)."""
+    with tempfile.TemporaryDirectory(prefix="faster-rnnlm-") as tmp:
+        model = Path(tmp) / "model"
+        cmd = [str(binary), "-rnnlm", str(model), "-train", str(ptb_dir() / "train.txt"), "-valid",
+               str(ptb_dir() / "valid.txt"), "-hidden", str(hidden), "-hidden-type", "sigmoid", "-bptt", "32",
+               "-threads", str(threads)]
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, stopped = proc.communicate(timeout=seconds)[0], "its schedule ended"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, stopped = proc.communicate()[0], f"killed after {seconds:g} s"
+        wall = time.perf_counter() - t
+        valid = re.findall(r"entropy \(bits\) valid:\s+([\d.]+)", out)
+        test = subprocess.run([str(binary), "-rnnlm", str(model), "-test", str(ptb_dir() / "test.txt")],
+                              capture_output=True, text=True)
+    found = re.search(r"Test entropy ([\d.]+)", test.stdout + test.stderr)
+    if not found:
+        raise SystemExit(f"faster-rnnlm printed no test entropy: {(test.stdout + test.stderr)[-500:]}")
+    return {"faster_rnnlm_train_seconds": wall, "faster_rnnlm_stopped": stopped,
+            "faster_rnnlm_epochs": len(valid), "faster_rnnlm_valid_ppl": 2 ** float(valid[-1]) if valid else None,
+            "faster_rnnlm_test_ppl": 2 ** float(found.group(1)),
+            "faster_rnnlm_oov_words": (test.stdout + test.stderr).count("\nOOV")}
+
+
+def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float) -> dict:
+    """seqlm's rnn (class output, the rnn-fast recipe of rnnlm_ptb.py: tanh, BPTT 5) trained on PTB through
+    the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
+    flags = ["--hidden", str(hidden), "--output", "class", "--batch-size", str(batch), "--tau", "5",
+             "--activation", "tanh", "--max-epochs", "100", "--max-minutes", f"{seconds / 60:g}",
+             "--threads", str(threads)]
+    with tempfile.TemporaryDirectory(prefix="seqlm-rnn-") as tmp:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "seqlm", "train", "--model", "rnn", "--data", str(ptb_dir()),
+                        "--out", tmp, *flags], check=True, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        model = seqlm.load(tmp)
+        history = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        test = encode_file(ptb_dir() / "test.txt", model.vocab)
+        return {"recipe": " ".join(flags), "train_process_seconds": wall, "epochs": len(history),
+                "valid_ppl": min(h["valid_ppl"] for h in history), "test_ppl": evaluate(model, test)["ppl"],
+                "test_ppl_stream": evaluate(model, test, stream_mode=True)["ppl"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--hidden", type=int, default=200)
     p.add_argument("--batch-sizes", default="64,128", help="class-output rows at these batch sizes (full: the first)")
+    p.add_argument("--quality-seconds", type=float, default=0.0,
+                   help="also the equal-time row: both toolkits trained this long, then PTB test perplexity")
+    p.add_argument("--quality-only", action="store_true", help="only the equal-time row")
     args = p.parse_args()
+    if args.quality_seconds:
+        quality_row(args)
+    if args.quality_only:
+        return
     torch.set_num_threads(args.threads)
     vocab = Vocab.build(count_words(ptb_dir() / "train.txt"))
     train = encode_file(ptb_dir() / "train.txt", vocab)
@@ -102,6 +165,25 @@ def main() -> None:
                "matmul_ceiling_gflops": ceiling}
     print(speedup)
     merge_rows("rnn_speed", list(rows.values()), {"summary": speedup})
+
+
+def quality_row(args: argparse.Namespace) -> None:
+    """Row rnn-hH-quality-Ss: the perplexity each toolkit reaches in the same wall time (issue 26), both
+    run by this script one after the other, with the same threads and H."""
+    batch = int(args.batch_sizes.split(",")[-1])
+    row = {"name": f"rnn-h{args.hidden}-quality-{args.quality_seconds:g}s", "seconds": args.quality_seconds,
+           "threads": args.threads, "hidden": args.hidden, "batch_size": batch,
+           **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds)}
+    peer = faster_rnnlm()
+    if peer:
+        row.update(faster_rnnlm_quality(peer, args.threads, args.hidden, args.quality_seconds),
+                   faster_rnnlm_setup=f"sigmoid H={args.hidden}, hierarchical softmax, BPTT 32, {args.threads} "
+                   "threads, its own learning-rate schedule; test perplexity from its -test entropy")
+        row["test_ppl_vs_faster_rnnlm"] = row["test_ppl"] / row["faster_rnnlm_test_ppl"]
+    else:
+        row["faster_rnnlm"] = "not found ($FASTER_RNNLM or ../shared/tools/faster-rnnlm): no comparison"
+    print(row, flush=True)
+    merge_rows("rnn_speed", [row])
 
 
 if __name__ == "__main__":
