@@ -2,6 +2,7 @@
 
     python bench/ctc.py --rows greedy,kn5-kenlm,kn5-seqlm,lstm,lstm-kn5 --threads 1
     python bench/ctc.py --rows greedy,kn5-seqlm --utterances 20 --model kn5=DIR      # a quick look
+    python bench/ctc.py --rows rnn,rnn-kn5 --threads 1     # the Elman RNN in place of the LSTM
 
 Posteriors: the first UTTERANCES sentences of PTB test, as characters (alphabet: CTC blank, space and every
 character of the PTB training vocabulary, `<unk>` spelled out). Each character takes 1 or 2 frames (even
@@ -12,7 +13,8 @@ same alpha and beta everywhere, PTB training vocabulary as unigrams) with the KN
 (`kn5-kenlm`) and through seqlm (`kn5-seqlm`), with the LSTM (`lstm`) and with the LSTM and KN5 interpolated
 by EM on PTB valid (`lstm-kn5`). Fields: wer, cer, seconds (decoding only), utterances.
 Models: KN5 trained on PTB train here unless --model kn5=DIR; the LSTM is bench/combination.py's component
-`lstm` (the recipe of bench/sparse.py's lstm-ptb), trained first when missing, unless --model lstm=DIR. Writes bench/results/ctc.json.
+`lstm` (the recipe of bench/sparse.py's lstm-ptb), trained first when missing, unless --model lstm=DIR;
+rows `rnn` and `rnn-kn5` do the same with its component `rnn` (rnnlm_ptb.py's rnn-bptt-h400-long). Writes bench/results/ctc.json.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from combination import component_dir
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
 WORK = CHECKPOINTS / "ctc"
+NEURAL = ("lstm", "rnn")  # rows NAME and NAME-kn5: bench/combination.py's component NAME
 PEAK, NOISE, SEED = 5.0, 1.2, 0  # greedy CER about 10% on the first 100 PTB test sentences
 
 
@@ -78,10 +81,10 @@ def kn5_dir(models: dict) -> Path:
     return out
 
 
-def mixture_dir(models: dict) -> Path:
-    out = WORK / "lstm-kn5"  # rebuilt every run: the members may have changed
+def mixture_dir(models: dict, neural: str) -> Path:
+    out = WORK / f"{neural}-kn5"  # rebuilt every run: the members may have changed
     shutil.rmtree(out, ignore_errors=True)
-    assert seqlm_main(["interpolate", str(models["lstm"]), str(kn5_dir(models)), "--out", str(out),
+    assert seqlm_main(["interpolate", str(models[neural]), str(kn5_dir(models)), "--out", str(out),
                        "--valid", str(ptb_dir() / "valid.txt")]) == 0
     return out
 
@@ -92,7 +95,9 @@ def decoder_for(row: str, labels: list[str], unigrams: list[str], models: dict, 
         import pyctcdecode
 
         return pyctcdecode.build_ctcdecoder(labels, str(kn5_dir(models) / "model.arpa"), **opts)
-    path = {"kn5-seqlm": kn5_dir, "lstm": lambda m: m["lstm"], "lstm-kn5": mixture_dir}[row](models)
+    neural = row.removesuffix("-kn5")
+    path = kn5_dir(models) if row == "kn5-seqlm" else mixture_dir(models, neural) if row.endswith("-kn5") \
+        else models[neural]
     return build_ctcdecoder(labels, str(path), **opts)
 
 
@@ -108,9 +113,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     models = {k: Path(v) for k, v in (m.split("=", 1) for m in args.model)}
-    lstm = {"model_dir": str(models.get("lstm"))}
-    if "lstm" not in models and {"lstm", "lstm-kn5"} & set(args.rows.split(",")):
-        models["lstm"], lstm = component_dir("lstm", args.threads)  # trained first when missing
+    neural = {k: {"model_dir": str(v)} for k, v in models.items() if k in NEURAL}
+    for name in NEURAL:
+        if name not in models and {name, f"{name}-kn5"} & set(args.rows.split(",")):
+            models[name], neural[name] = component_dir(name, args.threads)  # trained first when missing
     refs = [" ".join(line.split()) for line in (ptb_dir() / "test.txt").read_text().splitlines() if line.split()]
     refs = refs[: args.utterances]
     vocab = seqlm_kenlm.Model(str(kn5_dir(models))).vocab.itos
@@ -131,7 +137,7 @@ def main() -> None:
         seconds = time.perf_counter() - t
         wer, cer = error_rates(hyps, refs)
         result = {"name": row, "wer": wer, "cer": cer, "seconds": seconds, "utterances": len(refs), **recipe,
-                  **({"lstm": lstm} if row.startswith("lstm") else {})}
+                  **({"model": neural[row.removesuffix("-kn5")]} if row.removesuffix("-kn5") in NEURAL else {})}
         print(result, flush=True)
         merge_rows("ctc", [result], {"recipe": __doc__.split("\n\n")[1]})
 
