@@ -14,7 +14,8 @@ same alpha and beta everywhere, PTB training vocabulary as unigrams) with the KN
 by EM on PTB valid (`lstm-kn5`). Fields: wer, cer, seconds (decoding only), utterances.
 Models: KN5 trained on PTB train here unless --model kn5=DIR; the LSTM is bench/combination.py's component
 `lstm` (the recipe of bench/sparse.py's lstm-ptb), trained first when missing, unless --model lstm=DIR;
-rows `rnn` and `rnn-kn5` do the same with its component `rnn` (rnnlm_ptb.py's rnn-bptt-h400-long). Writes bench/results/ctc.json.
+rows `rnn` and `rnn-kn5` do the same with its component `rnn` (rnnlm_ptb.py's rnn-bptt-h400-long).
+Writes bench/results/ctc.json.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import numpy as np
 import torch
 
 import seqlm.kenlm as seqlm_kenlm
+from combination import component_dir
 from seqlm.cli import main as seqlm_main
 from seqlm.kenlm.ctc import build_ctcdecoder
 
-from combination import component_dir
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
 WORK = CHECKPOINTS / "ctc"

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 import seqlm
+from combination import component_dir
 from seqlm.data.corpus import TokenStream, encode_file
 from seqlm.eval.perplexity import evaluate, score_tokens
 from seqlm.nn.quantize import quantize_dir
 
-from combination import component_dir
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
 COMPONENTS = {"lstm": "lstm", "rnn": "rnn", "transformer": "transformer"}  # row -> bench/combination.py component

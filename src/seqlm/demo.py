@@ -17,7 +17,7 @@ from pathlib import Path
 import seqlm
 from seqlm.errors import SeqlmError
 from seqlm.registry import DEFAULT_FAMILY
-from seqlm.train.loop import PrecisionUnsupported
+from seqlm.train.precision import PrecisionUnsupported
 from seqlm.train.resume import RESUME
 from seqlm.train.run import train_from_cli
 

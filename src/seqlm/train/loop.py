@@ -37,12 +37,12 @@ from seqlm.checkpoint import atomic_write_text
 from seqlm.config import TrainConfig
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
-from seqlm.train.precision import PrecisionUnsupported, check_precision  # noqa: F401 (demo imports it here)
 from seqlm.eval.perplexity import evaluate
 from seqlm.nn.softmax import layer_stats
 from seqlm.protocol import Batch
 from seqlm.train import distributed as dist
 from seqlm.train.optim import build_optimizer, build_schedule, set_lr
+from seqlm.train.precision import check_precision
 from seqlm.train.resume import (
     EPOCH_START,
     RESUME,
