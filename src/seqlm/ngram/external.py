@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from seqlm.data.corpus import TokenStream
-from seqlm.ngram.counts import NGramCounts
+from seqlm.ngram.counts import NGramCounts, unique
 from seqlm.ngram.filearray import Appender, FileArray, search_answer, windowed_map
 
 BYTES_PER_POSITION = 256  # measured: ~200 bytes per position at the peak of counting (np.unique and its inputs)
@@ -90,7 +90,7 @@ class _Runs:
                 at[i] += n
                 bufs[i] = b[n:] if n < len(b) else self._read(i, at[i], window)
             block = np.concatenate(parts)  # (P, 3)
-            keys, first, inverse = np.unique(block[:, 0], return_index=True, return_inverse=True)
+            keys, first, inverse, _ = unique(block[:, 0])
             for o, column in zip(out, (keys, np.bincount(inverse, block[:, 1]), block[first, 2]), strict=True):
                 o.add(column)
         for i in range(len(self.sizes)):
@@ -150,7 +150,7 @@ def _count_order(stream, bounds, bos_id, V, k, folder, memory) -> tuple[FileArra
         seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
         at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
         key = gram[at - 1] * V + seq[at]  # (P,)
-        uniq, first, cnt = np.unique(key, return_index=True, return_counts=True)
+        uniq, first, _, cnt = unique(key, overwrite=True)  # (np.unique's result, faster: counts.py)
         if len(bounds) > 1:
             runs.add(uniq, cnt, gram[at[first]])
         else:
