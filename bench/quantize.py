@@ -5,11 +5,12 @@
 
 Each row quantizes a trained PTB model (default: the component of bench/combination.py, i.e. the recipe of
 sparse.py lstm-ptb, rnnlm_ptb.py rnn-bptt-h400-long or transformer_ptb.py transformer-ptb, trained first
-when missing, so a row reproduces from nothing; `--model ROW=DIR` for another) into bench/checkpoints/quantize/ROW-int8,
-then evaluates both on PTB test, sentence by sentence as `seqlm eval`, timing one pass each after a
-short warm-up. Fields: test_ppl, test_ppl_int8, tokens_per_s, tokens_per_s_int8, speedup (int8 over
-float32 tokens/s, one run), ppl_ratio (int8 over float32), bytes and bytes_int8 (the model directories on
-disk), quantized (the layers replaced). Writes bench/results/quantize.json.
+when missing, so a row reproduces from nothing; `--model ROW=DIR` for another) into
+bench/checkpoints/quantize/ROW-int8, then evaluates both on PTB test, sentence by sentence as `seqlm eval`, timing one pass each after a
+short warm-up. Rows are named ROW-int8 (lstm-int8, rnn-int8, transformer-int8). Fields: test_ppl,
+test_ppl_int8, tokens_per_s, tokens_per_s_int8, speedup (int8 over float32 tokens/s, one run), ppl_ratio
+(int8 over float32), bytes and bytes_int8 (the model directories on disk), quantized (the layers replaced).
+Writes bench/results/quantize.json.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def run_row(name: str, model_dir: Path | None, limit: int, threads: int) -> dict
     res_q, speed_q = timed_eval(int8, stream)
     size = {d: sum(f.stat().st_size for f in d.iterdir() if f.is_file()) for d in (model_dir, out)}
     return {
-        "name": name, **record, "sentences": stream.num_sentences, "tokens": res["tokens"],
+        "name": f"{name}-int8", **record, "sentences": stream.num_sentences, "tokens": res["tokens"],
         "test_ppl": res["ppl"], "test_ppl_int8": res_q["ppl"],
         "tokens_per_s": speed, "tokens_per_s_int8": speed_q, "speedup": speed_q / speed,
         "ppl_ratio": res_q["ppl"] / res["ppl"], "bytes": size[model_dir], "bytes_int8": size[out],
