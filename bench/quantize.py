@@ -6,11 +6,11 @@
 Each row quantizes a trained PTB model (default: the component of bench/combination.py, i.e. the recipe of
 sparse.py lstm-ptb, rnnlm_ptb.py rnn-bptt-h400-long or transformer_ptb.py transformer-ptb, trained first
 when missing, so a row reproduces from nothing; `--model ROW=DIR` for another) into
-bench/checkpoints/quantize/ROW-int8, then evaluates both on PTB test, sentence by sentence as `seqlm eval`, timing one pass each after a
-short warm-up. Rows are named ROW-int8 (lstm-int8, rnn-int8, transformer-int8). Fields: test_ppl,
-test_ppl_int8, tokens_per_s, tokens_per_s_int8, speedup (int8 over float32 tokens/s, one run), ppl_ratio
-(int8 over float32), bytes and bytes_int8 (the model directories on disk), quantized (the layers replaced).
-Writes bench/results/quantize.json.
+bench/checkpoints/quantize/ROW-int8, then evaluates both on PTB test, sentence by sentence as `seqlm eval`,
+timing one pass each after a short warm-up. Rows are named ROW-int8 (lstm-int8, rnn-int8, transformer-int8).
+Fields: test_ppl, test_ppl_int8, tokens_per_s, tokens_per_s_int8, speedup (int8 over float32 tokens/s, one
+run), ppl_ratio (int8 over float32), bytes and bytes_int8 (the model directories on disk), quantized (the
+layers replaced). Writes bench/results/quantize.json.
 """
 
 from __future__ import annotations
