@@ -14,7 +14,8 @@ Rows (bench/results/combination.json), each with `test_ppl` (every component sen
 `test_ppl_stream` (each component in the mode its own valid perplexity prefers: `stream_modes`; n-gram and
 feed-forward models have only the sentence mode), `weights` (EM on valid, per column), `train_minutes` of
 every component and their total:
-- each component alone, then the mixture growing one component at a time in the order of --components;
+- each component alone (row `NAME-alone`), then the mixture growing one component at a time in the order of
+  --components;
 - the same with dynamic evaluation (`NAME/dynamic`): every component seqlm.eval.dynamic applies to (rnn, lstm,
   transformer) learns from the text as it scores it, with its own rate, the best of --dynamic-grid on the first
   --tune-tokens of valid, in the mode its static scores chose. A dynamic pass over PTB valid with segments of
@@ -273,7 +274,9 @@ def rows(table: dict, work: Path, data: Path) -> list[dict]:
     for kind in ("static", "dynamic"):
         for name in names:  # each component alone
             if kind == "static" or table[name]["dynamic_lr"] is not None:
-                out.append(mixture_row(name + ("/dynamic" if kind == "dynamic" else ""), [name], kind, table))
+                # "-alone": a component's own name is another table's row (kn_ptb.json's kn5, ctc.json's rnn)
+                out.append(mixture_row(name + "-alone" + ("/dynamic" if kind == "dynamic" else ""), [name], kind,
+                                       table))
         for k in range(2, len(names) + 1):  # the mixture growing one component at a time
             members = names[:k]
             if kind == "static" or any(table[m]["dynamic_lr"] is not None for m in members):
