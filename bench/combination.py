@@ -46,7 +46,7 @@ from seqlm.eval.dynamic import DEFAULT_SEGMENT, dynamic_logp, updatable
 from seqlm.eval.perplexity import can_stream, evaluate, score_tokens
 from seqlm.models.mixture import MixtureModel, fit_weights, mix_logp
 from seqlm.train.loop import run_status
-from seqlm.train.precision import native_bf16
+from seqlm.train.precision import fast_precision
 from seqlm.train.run import train_from_cli
 
 from common import merge_rows, ptb_dir
@@ -127,7 +127,7 @@ def train(c: Component, data: Path, out: Path, args: argparse.Namespace) -> dict
 
 def precision(c: Component, args: argparse.Namespace) -> str:
     """The recipe's precision, except fp32 for --quick and where bf16 would be emulated (many times slower)."""
-    return "fp32" if args.quick or not native_bf16() else c.precision
+    return "fp32" if args.quick else fast_precision(c.precision)
 
 
 def _finished(out: Path) -> bool:

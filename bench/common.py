@@ -194,13 +194,11 @@ def train_speed(name: str, cfg, vocab, stream, seconds: float, warmup: int = 3) 
 
 def row_parser(doc: str, rows: str, precision: str) -> argparse.ArgumentParser:
     """The options every PTB table script shares: which rows, and how to train them."""
-    from seqlm.train.precision import native_bf16
+    from seqlm.train.precision import fast_precision
 
-    if precision == "bf16" and not native_bf16() and not torch.cuda.is_available():
-        precision = "fp32"  # emulated bf16 trains many times slower than fp32 (seqlm.train.precision)
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default=rows, help="comma-separated row names")
-    p.add_argument("--precision", default=precision, choices=["fp32", "bf16"],
+    p.add_argument("--precision", default=fast_precision(precision), choices=["fp32", "bf16"],
                    help="default: bf16 where the CPU has bf16 instructions (or on a GPU), else fp32")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="auto")

@@ -29,7 +29,7 @@ from seqlm.data.corpus import TokenStream
 from seqlm.ngram.counts import NGramCounts, unique
 from seqlm.ngram.filearray import Appender, FileArray, search_answer, windowed_map
 
-BYTES_PER_POSITION = 256  # measured: ~200 bytes per position at the peak of counting (np.unique and its inputs)
+BYTES_PER_POSITION = 256  # measured: ~200 bytes per position at the peak of counting (the sort and its inputs)
 RUN_FIELDS = 3  # key, count, suffix: int64 each
 
 

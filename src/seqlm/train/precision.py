@@ -34,6 +34,12 @@ def check_precision(model: nn.Module, precision: str, device: torch.device) -> N
               "usually several times slower than --precision fp32", file=sys.stderr, flush=True)
 
 
+def fast_precision(wanted: str) -> str:
+    """`wanted`, or fp32 in place of a bf16 that would run emulated here (a CPU without bf16 instructions
+    and no GPU): what benchmark recipes written for bf16 use on such a machine."""
+    return "fp32" if wanted == "bf16" and not native_bf16() and not torch.cuda.is_available() else wanted
+
+
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX tiles)."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
