@@ -95,7 +95,7 @@ class ArpaWriter:
     def _lines(self, words: np.ndarray, prob: np.ndarray, backoff: np.ndarray | None) -> bytes:
         m, k = words.shape
         ext = extension()
-        if ext is not None:  # the same bytes; GCIDE KN5's whole to_arpa 6.3 s against 13.5-14.4 s (docs/ngram.md)
+        if ext is not None:  # the same bytes, faster (GCIDE KN5's ARPA write 9.67 -> 4.28 s: docs/ngram.md)
             f32 = [None if v is None else np.ascontiguousarray(v, dtype=np.float32) for v in (prob, backoff)]
             return ext.arpa_lines(np.ascontiguousarray(words, dtype=np.int64), k, *f32, self.buf[: self.room],
                                   self.word_start, self.word_length)
