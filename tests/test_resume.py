@@ -3,7 +3,9 @@ uninterrupted one ends, dropout's random numbers included; changed flags are app
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,3 +163,40 @@ def test_resume_with_nothing_to_do_says_so(tmp_path, capsys):
     assert _train(corpus, out, "--resume") == 0
     assert "nothing to resume: all --max-epochs 2 epochs ran" in capsys.readouterr().err
     assert len(_rows(out)) == 2
+
+
+def _stop_in_first_epoch(corpus, out, monkeypatch) -> None:
+    """Train until SIGTERM arrives at the third batch of epoch 1, before any epoch ends."""
+    step, calls = FAMILIES["rnn"].step, {"n": 0}
+
+    def signalled(net, batch, state):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            signal.raise_signal(signal.SIGTERM)
+        return step(net, batch, state)
+
+    monkeypatch.setitem(FAMILIES, "rnn", dataclasses.replace(FAMILIES["rnn"], step=signalled))
+    with pytest.raises(SystemExit) as stop:
+        _train(corpus, out, "--max-epochs", "3")
+    monkeypatch.undo()
+    assert stop.value.code == 128 + signal.SIGTERM and not (out / "metrics.jsonl").exists()
+
+
+def test_a_run_stopped_inside_its_first_epoch_resumes_from_the_command_line(whole, tmp_path, monkeypatch):
+    corpus, ref = whole
+    out = tmp_path / "early"
+    _stop_in_first_epoch(corpus, out, monkeypatch)
+    assert (out / "config.json").exists()  # the settings --resume needs are there before the first epoch ends
+    assert _train(corpus, out, "--resume") == 0
+    _same_run(out, ref)
+
+
+def test_resume_of_a_run_stopped_before_any_state_starts_it_again(whole, tmp_path, monkeypatch, capsys):
+    corpus, ref = whole
+    out = tmp_path / "early"
+    _stop_in_first_epoch(corpus, out, monkeypatch)
+    shutil.rmtree(out / "resume")  # as if stopped before the first state was written
+    capsys.readouterr()
+    assert _train(corpus, out, "--resume") == 0
+    assert "Traceback" not in capsys.readouterr().err
+    _same_run(out, ref)

@@ -34,6 +34,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 from seqlm.eval.perplexity import evaluate
 from seqlm.registry import DEFAULT_FAMILY, CountFamily, NeuralFamily, Splits, family, new_model
+from seqlm.train.resume import run_status
 
 
 def config_help(name: str | None) -> str:
@@ -244,8 +245,14 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
 
         seqlm.save(m, out_dir, data_cfg)
 
+    # The directory holds a model (its config, vocabulary and the initial weights) before the first batch:
+    # a run stopped inside its first epoch leaves a mid-epoch state that --resume can read the settings for.
+    # A --resume that finds the model but no state (stopped before any) starts it again from those settings.
+    started = resume and run_status(out_dir)["started"]
+    if main_rank and not started and isinstance(family(name), NeuralFamily):
+        save_best(model)
     t0 = time.time()
-    model = family(name).train(model, splits, out_dir, save_best, resume, session_minutes)
+    model = family(name).train(model, splits, out_dir, save_best, started, session_minutes)
     seconds = time.time() - t0
     if not main_rank:
         return {}
