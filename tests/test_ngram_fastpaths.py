@@ -1,6 +1,7 @@
 """Estimation's fast paths against the numpy calls they replace, exactly.
 
-counts.unique against np.unique (packed-sort path and the fallback for keys too wide to pack); the
+counts.unique against np.unique (packed-sort path and the fallback for keys too wide to pack), on the
+compiled radix sort and on numpy's (sort_keys against np.sort and the stable argsort, both paths); the
 compiled ARPA line assembly against the numpy one and plain slicing. (ARPA files as a whole are held
 byte for byte against a line-by-line reference writer in test_ngram_arpa_write.py, on both paths.)
 """
@@ -9,17 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from seqlm.ngram import counts
 from seqlm.ngram.arpa_write import numpy_assemble
-from seqlm.ngram.counts import unique
+from seqlm.ngram.counts import sort_keys, unique
 from seqlm.ngram.native import extension
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(0, 2**62), max_size=200), st.integers(1, 40), st.integers(0, 5))
-def test_unique_equals_numpy_unique(values: list[int], spread: int, seed: int) -> None:
+def test_unique_equals_numpy_unique(sort_path, values: list[int], spread: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     narrow = rng.integers(0, spread, size=len(values) * 3)  # many repeats, packable
     for key in (np.array(values, dtype=np.int64), narrow.astype(np.int64)):  # wide values: the fallback
@@ -27,6 +29,37 @@ def test_unique_equals_numpy_unique(values: list[int], spread: int, seed: int) -
         want = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
         for g, w in zip(got, want, strict=True):
             assert g.dtype == np.int64 and np.array_equal(g, w.reshape(-1))
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def sort_path(request, monkeypatch):  # the same for every hypothesis example: a module attribute, patched once
+    if request.param == "numpy":
+        monkeypatch.setattr(counts, "extension", lambda: None)
+    elif extension() is None:
+        pytest.skip("the compiled loops could not be built here")
+    return request.param
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 2**63 - 1), max_size=300), st.integers(0, 63), st.integers(0, 5))
+def test_sort_keys_equals_numpy_sort_and_stable_argsort(sort_path, values: list[int], bits: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    masked = rng.integers(0, 2**63 - 1, size=len(values) * 4, dtype=np.int64) >> (63 - bits)  # 0..bits bits, repeats
+    for key in (np.array(values, dtype=np.int64), masked):
+        a, b = key.copy(), key.copy()
+        assert sort_keys(a) is None and np.array_equal(a, np.sort(key))
+        perm = sort_keys(b, stable_argsort=True)
+        assert np.array_equal(perm, np.argsort(key, kind="stable")) and np.array_equal(b, np.sort(key))
+
+
+def test_the_compiled_sort_refuses_negative_keys() -> None:
+    ext = extension()
+    if ext is None:
+        pytest.skip("the compiled loops could not be built here")
+    key = np.array([3, -1, 2], dtype=np.int64)
+    with pytest.raises(ValueError, match="non-negative"):
+        ext.radix_sort(key, np.empty_like(key), None, None)
+    assert key.tolist() == [3, -1, 2]  # refused before anything moved
 
 
 @settings(max_examples=40, deadline=None)

@@ -2,6 +2,7 @@
 // - Scorer: scalar.py's per-token walk (ScalarScorer.score: the same probes and back-offs), one token per
 //   call (score, base_score), a sentence (walk) or a whole stream of them (stream);
 // - ARPA text (assemble, arpa_lines, float32_texts): in _arpa_text.cpp, registered here.
+// - radix_sort of n-gram keys: in _sort.cpp, registered here.
 // Built on first use by torch.utils.cpp_extension (native.py); plain CPython API, no torch headers.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -413,11 +414,14 @@ static PyTypeObject ScorerType = {
 PyObject *seqlm_assemble(PyObject *, PyObject *);
 PyObject *seqlm_arpa_lines(PyObject *, PyObject *);
 PyObject *seqlm_float32_texts(PyObject *, PyObject *);
+// _sort.cpp
+PyObject *seqlm_radix_sort(PyObject *, PyObject *);
 
 static PyMethodDef module_methods[] = {
     {"assemble", seqlm_assemble, METH_VARARGS, "assemble(buf, start, length) -> the pieces joined, as bytes"},
     {"arpa_lines", seqlm_arpa_lines, METH_VARARGS, "arpa_lines(words, k, prob, backoff, text, start, length)"},
     {"float32_texts", seqlm_float32_texts, METH_VARARGS, "float32_texts(values) -> each text and a newline"},
+    {"radix_sort", seqlm_radix_sort, METH_VARARGS, "radix_sort(key, scratch, perm or None, perm scratch)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,6 +19,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from seqlm.ngram.counts import sort_keys
+
 SPAN = 1 << 20  # most rows one take_sorted read may cover
 
 
@@ -143,10 +145,10 @@ def search_answer(rows: np.ndarray, w0: int, q: np.ndarray) -> tuple[np.ndarray,
     if len(rows) == 0:
         return np.zeros(len(q), dtype=bool), np.zeros(0, dtype=np.int64)
     mask = (q >= rows[0]) & (q <= rows[-1])
-    wanted = q[mask]
-    order = np.argsort(wanted)  # sorted needles search ~10x faster (each search starts at the last hit)
+    wanted = q[mask]  # (m,) sorted in place below: sorted needles search ~10x faster
+    order = sort_keys(wanted, stable_argsort=True)  # (m,)
     found = np.empty(len(wanted), dtype=np.int64)
-    found[order] = w0 + np.searchsorted(rows, wanted[order])
+    found[order] = w0 + np.searchsorted(rows, wanted)
     return mask, found
 
 

@@ -1,6 +1,6 @@
-"""seqlm.ngram's compiled loops (SOURCES): the per-token scorer (scalar.py) and ARPA text (arpa_write.py),
-each with a Python or numpy twin that gives the same results. Built and loaded as seqlm.data.native
-builds every compiled module (SEQLM_NATIVE=0 chooses the twins)."""
+"""seqlm.ngram's compiled loops (SOURCES): the per-token scorer (scalar.py), ARPA text (arpa_write.py) and
+the radix sort of n-gram keys (counts.py), each with a Python or numpy twin that gives the same results.
+Built and loaded as seqlm.data.native builds every compiled module (SEQLM_NATIVE=0 chooses the twins)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from seqlm.data.native import compiled
 
-SOURCES = ("_native.cpp", "_arpa_text.cpp")
+SOURCES = ("_native.cpp", "_arpa_text.cpp", "_sort.cpp")
 
 
 def extension():
