@@ -302,7 +302,7 @@ def main() -> None:
                    help="comma-separated components, in the order the mixture grows")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--session-minutes", type=float, default=0.0, help="stop starting epochs after this long")
-    p.add_argument("--dynamic-grid", default="0.01,0.03,0.1,0.3",
+    p.add_argument("--dynamic-grid", default="0.01,0.03,0.1,0.3,1",
                    help="dynamic evaluation rates tried on valid per component ('' = no dynamic rows)")
     p.add_argument("--segment", type=int, default=DEFAULT_SEGMENT, help="dynamic evaluation: tokens per segment")
     p.add_argument("--tune-tokens", type=int, default=20000, help="the dynamic rate is chosen on this much of valid")
