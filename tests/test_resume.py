@@ -17,6 +17,7 @@ import torch
 import seqlm
 from seqlm.cli import main
 from seqlm.data.corpus import build_vocab_and_encode, encode_file
+from seqlm.errors import SeqlmError
 from seqlm.models.rnn import RNNConfig
 from seqlm.registry import FAMILIES
 from seqlm.train import loop
@@ -200,3 +201,20 @@ def test_resume_of_a_run_stopped_before_any_state_starts_it_again(whole, tmp_pat
     assert _train(corpus, out, "--resume") == 0
     assert "Traceback" not in capsys.readouterr().err
     _same_run(out, ref)
+
+
+def test_a_run_that_fails_before_its_first_state_leaves_the_directory_as_found(tmp_path, monkeypatch, capsys):
+    corpus = write_corpus(tmp_path / "corpus", n_train=60, n_eval=10)
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+
+    def refused(net, batch, state):
+        raise SeqlmError("this machine cannot train that")  # as a precision refused at the first batch
+
+    monkeypatch.setitem(FAMILIES, "rnn", dataclasses.replace(FAMILIES["rnn"], step=refused))
+    assert _train(corpus, out, "--max-epochs", "1") == 2
+    assert "cannot train that" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # nothing of the failed run, the user's file kept
+    monkeypatch.undo()
+    assert _train(corpus, out, "--max-epochs", "1") == 0  # the same command again, without --resume

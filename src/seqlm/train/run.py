@@ -248,15 +248,31 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     # The directory holds a model (its config, vocabulary and the initial weights) before the first batch:
     # a run stopped inside its first epoch leaves a mid-epoch state that --resume can read the settings for.
     # A --resume that finds the model but no state (stopped before any) starts it again from those settings.
+    # A run that fails before its first state (e.g. a precision this machine refuses) leaves the directory as
+    # it found it, so that the same command can be given again.
     started = resume and run_status(out_dir)["started"]
+    before = set(out_dir.iterdir())
     if main_rank and not started and isinstance(family(name), NeuralFamily):
         save_best(model)
     t0 = time.time()
-    model = family(name).train(model, splits, out_dir, save_best, started, session_minutes)
+    try:
+        model = family(name).train(model, splits, out_dir, save_best, started, session_minutes)
+    except BaseException:
+        if main_rank and not run_status(out_dir)["started"]:
+            _remove_new(out_dir, before)
+        raise
     seconds = time.time() - t0
     if not main_rank:
         return {}
     return _final_report(name, out_dir, texts, data_cfg, seconds)
+
+
+def _remove_new(out_dir: Path, before: set[Path]) -> None:
+    """Remove what this invocation wrote into `out_dir` (files and folders that were not there before)."""
+    import shutil
+
+    for p in set(out_dir.iterdir()) - before:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def _final_report(name: str, out_dir: Path, texts: dict[str, Path | None], data_cfg: DataConfig,
