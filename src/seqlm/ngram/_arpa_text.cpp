@@ -13,6 +13,8 @@
 #include <cstring>
 #include <string>
 
+#include "_buffers.h"
+
 namespace {
 
 constexpr int TEXT = 48;  // room for one number's text
@@ -58,15 +60,6 @@ char *cached_text(float v, char *at) {
     }
     return end;
 }
-
-struct Buffers {  // the Python buffers a call reads, released together
-    Py_buffer b[6];
-    int got = 0;
-    bool get(PyObject *o) { return PyObject_GetBuffer(o, &b[got], PyBUF_C_CONTIGUOUS) == 0 && ++got; }
-    ~Buffers() {
-        while (got-- > 0) PyBuffer_Release(&b[got]);
-    }
-};
 
 }  // namespace
 

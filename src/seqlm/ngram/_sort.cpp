@@ -10,25 +10,12 @@
 #include <cstring>
 #include <vector>
 
+#include "_buffers.h"
+
 namespace {
 
 constexpr int DIGIT = 11;  // 2048 buckets: the counters stay in L1
 constexpr int64_t BUCKETS = int64_t{1} << DIGIT;
-
-struct Buffer {
-    Py_buffer view{};
-    bool held = false;
-    bool get(PyObject *o, bool writable) {
-        int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-        held = PyObject_GetBuffer(o, &view, flags) == 0;
-        return held;
-    }
-    int64_t *data() const { return static_cast<int64_t *>(view.buf); }
-    Py_ssize_t size() const { return view.len / 8; }
-    ~Buffer() {
-        if (held) PyBuffer_Release(&view);
-    }
-};
 
 // The digit passes that are not constant over all keys (a constant digit moves nothing), counted per pass.
 std::vector<int> passes(const int64_t *key, Py_ssize_t n, std::vector<std::vector<int64_t>> &count) {
@@ -92,23 +79,23 @@ PyObject *seqlm_radix_sort(PyObject *, PyObject *args) {
     // sorts key in place (keys >= 0); with perm: perm = the stable argsort of the keys as given.
     PyObject *o[4];
     if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
-    Buffer key, tmp, perm, perm_tmp;
-    if (!key.get(o[0], true) || !tmp.get(o[1], true)) return NULL;
+    Buffers in;  // key, scratch[, perm, perm scratch]
     bool with_perm = o[2] != Py_None;
-    if (with_perm && (!perm.get(o[2], true) || !perm_tmp.get(o[3], true))) return NULL;
-    Py_ssize_t n = key.size();
-    if (tmp.size() < n || (with_perm && (perm.size() != n || perm_tmp.size() < n))) {
+    for (int i = 0; i < (with_perm ? 4 : 2); i++)
+        if (!in.get(o[i], true)) return NULL;
+    Py_ssize_t n = in.len_i8(0);
+    if (in.len_i8(1) < n || (with_perm && (in.len_i8(2) != n || in.len_i8(3) < n))) {
         PyErr_SetString(PyExc_ValueError, "radix_sort: the arrays' sizes differ");
         return NULL;
     }
-    if (!non_negative(key.data(), n)) {
+    if (!non_negative(in.i8(0), n)) {
         PyErr_SetString(PyExc_ValueError, "radix_sort: keys must be non-negative");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS;
-    if (with_perm)
-        for (Py_ssize_t i = 0; i < n; i++) perm.data()[i] = i;
-    radix(key.data(), with_perm ? perm.data() : nullptr, tmp.data(), with_perm ? perm_tmp.data() : nullptr, n);
+    int64_t *perm = with_perm ? in.i8(2) : nullptr;
+    for (Py_ssize_t i = 0; perm && i < n; i++) perm[i] = i;
+    radix(in.i8(0), perm, in.i8(1), with_perm ? in.i8(3) : nullptr, n);
     Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -160,7 +161,6 @@ def _check_exports(name: str, exports: dict[str, str | None], force: bool, resum
 def _export(out_dir: Path, exports: dict[str, str | None]) -> None:
     """Copy the model directory's ARPA / binary to --arpa / --binary (`-`: standard output; `.gz`: compressed)."""
     import gzip
-    import shutil
     import sys
 
     from seqlm.models.kn import ARPA, BINARY
@@ -269,8 +269,6 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
 
 def _remove_new(out_dir: Path, before: set[Path]) -> None:
     """Remove what this invocation wrote into `out_dir` (files and folders that were not there before)."""
-    import shutil
-
     for p in set(out_dir.iterdir()) - before:
         shutil.rmtree(p) if p.is_dir() else p.unlink()
 
@@ -313,8 +311,6 @@ def _spawn(nproc: int, argv: list[str], out_dir: Path) -> dict:
     torchrun's log files: this process prints the result.
     """
     import logging
-    import shutil
-    import tempfile
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args
