@@ -3,6 +3,7 @@ and the reference C++ toolkit, faster-rnnlm, run by this script in the same run.
 
     python bench/rnn_speed.py [--threads 2] [--seconds 20]
     python bench/rnn_speed.py --threads 1 --quality-seconds 180 --quality-only   # equal-time perplexity
+    python bench/rnn_speed.py --threads 1 --bptt block     # rnnlm's block truncation (rows named ...-block-...)
 
 Trains each configuration for a fixed wall time from scratch (speed only: the perplexity rows are in
 rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. faster-rnnlm ($FASTER_RNNLM, the binary or
@@ -97,11 +98,11 @@ def faster_rnnlm_quality(binary: Path, threads: int, hidden: int, seconds: float
             "faster_rnnlm_oov_words": (test.stdout + test.stderr).count("\nOOV")}
 
 
-def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float) -> dict:
+def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float, bptt: str) -> dict:
     """seqlm's rnn (class output, the rnn-fast recipe of rnnlm_ptb.py: tanh, BPTT 5) trained on PTB through
     the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
     flags = ["--hidden", str(hidden), "--output", "class", "--batch-size", str(batch), "--tau", "5",
-             "--activation", "tanh", "--max-epochs", "100", "--max-minutes", f"{seconds / 60:g}",
+             "--bptt", bptt, "--activation", "tanh", "--max-epochs", "100", "--max-minutes", f"{seconds / 60:g}",
              "--threads", str(threads)]
     with tempfile.TemporaryDirectory(prefix="seqlm-rnn-") as tmp:
         t = time.perf_counter()
@@ -125,6 +126,8 @@ def main() -> None:
     p.add_argument("--quality-seconds", type=float, default=0.0,
                    help="also the equal-time row: both toolkits trained this long, then PTB test perplexity")
     p.add_argument("--quality-only", action="store_true", help="only the equal-time row")
+    p.add_argument("--bptt", default="exact", choices=["exact", "block"],
+                   help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--bptt of rnn)")
     args = p.parse_args()
     if args.quality_seconds:
         quality_row(args)
@@ -141,14 +144,14 @@ def main() -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     for output, batch in [("class", b) for b in sizes] + [("full", sizes[0])]:
         cfg = family("rnn").config()
-        apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch})
+        apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch, "bptt": args.bptt})
         words_s, model = train_speed("rnn", cfg, vocab, train, args.seconds)
         t = time.perf_counter()
         evaluate(model, valid)
         eval_s = len(valid.ids) / (time.perf_counter() - t)
         key = f"{output}-b{batch}"
-        rows[key] = {"name": f"rnn-h{args.hidden}-{key}-speed", "train_tokens_per_s": words_s,
-                     "eval_tokens_per_s": eval_s, "threads": args.threads, "batch_size": batch,
+        rows[key] = {"name": f"rnn-h{args.hidden}-{key}{_tag(args.bptt)}-speed", "train_tokens_per_s": words_s,
+                     "eval_tokens_per_s": eval_s, "threads": args.threads, "batch_size": batch, "bptt": args.bptt,
                      "seq_len": cfg.train.seq_len, "optimizer": cfg.train.optimizer}
         if peer_speed:
             rows[key].update(faster_rnnlm_words_per_s=peer_speed, train_speed_vs_faster_rnnlm=words_s / peer_speed,
@@ -167,13 +170,18 @@ def main() -> None:
     merge_rows("rnn_speed", list(rows.values()), {"summary": speedup})
 
 
+def _tag(bptt: str) -> str:
+    """Row-name part: the exact rows keep the names they had before --bptt existed."""
+    return "" if bptt == "exact" else f"-{bptt}"
+
+
 def quality_row(args: argparse.Namespace) -> None:
     """Row rnn-hH-quality-Ss: the perplexity each toolkit reaches in the same wall time (issue 26), both
     run by this script one after the other, with the same threads and H."""
     batch = int(args.batch_sizes.split(",")[-1])
-    row = {"name": f"rnn-h{args.hidden}-quality-{args.quality_seconds:g}s", "seconds": args.quality_seconds,
-           "threads": args.threads, "hidden": args.hidden, "batch_size": batch,
-           **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds)}
+    row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt)}-{args.quality_seconds:g}s",
+           "seconds": args.quality_seconds, "threads": args.threads, "hidden": args.hidden, "batch_size": batch,
+           "bptt": args.bptt, **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt)}
     peer = faster_rnnlm()
     if peer:
         row.update(faster_rnnlm_quality(peer, args.threads, args.hidden, args.quality_seconds),

@@ -101,11 +101,11 @@ def test_tau_one_is_plain_backpropagation_and_long_tau_is_full_bptt() -> None:
         torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-12)
 
 
-def _model(tau: int) -> RNNLM:
+def _model(tau: int, bptt: str = "exact") -> RNNLM:
     vocab = Vocab.build(Counter({f"w{i}": 30 - i for i in range(22)}))  # with </s> and <unk>: 24 words
     torch.manual_seed(0)
     return RNNLM(vocab, hidden=5, embed=0, activation="sigmoid", output="full", classes=0, tau=tau,
-                 sentence_independent=False).double()
+                 sentence_independent=False, bptt=bptt).double()
 
 
 def _batch(inputs: torch.Tensor, mask: torch.Tensor, first: bool) -> Batch:
@@ -136,3 +136,34 @@ def test_rnnlm_reaches_tau_steps_back_across_a_chunk_edge(tau: int) -> None:
         loss.backward()
         for g, w in zip(chunked, (p.grad for p in model.parameters()), strict=True):
             torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("tau", [1, 3, 5])
+def test_block_bptt_runs_the_chunk_and_its_context_back_together(tau: int) -> None:
+    """--bptt block: chunk 2's errors flow back through all of chunk 2 and the tau-1 re-run inputs before it
+    (rnnlm's -bptt-block), and the gradient equals the textbook autograd loop (impl "reference") run over
+    those inputs from the state before them, held constant."""
+    stream = torch.arange(2, 20).view(1, 18).repeat(2, 1)
+    model = _model(tau, "block")
+    mask1, mask2 = torch.ones(2, 9, dtype=torch.bool), torch.zeros(2, 9, dtype=torch.bool)
+    mask2[:, 1::3] = True
+    model.zero_grad(set_to_none=True)
+    _, state, _ = tbptt_step(model, _batch(stream[:, :9], mask1, True), None)
+    loss, _, _ = tbptt_step(model, _batch(stream[:, 9:], mask2, False), state)
+    loss.backward()
+    rows = (model.embedding.weight.grad.abs().sum(1) > 0).nonzero().flatten().tolist()
+    start = 9 - (tau - 1)  # the first re-run input
+    assert rows == [int(t) for t in stream[0, start:17]]  # the last scored position is 16
+    block = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        model.eval()
+        _, before = model(_batch(stream[:, :start], mask1[:, :start] | True, True), None)  # (B, H)
+        model.train()
+    model.rnn.impl = "reference"
+    window_mask = torch.cat([torch.zeros(2, tau - 1, dtype=torch.bool), mask2], dim=1)
+    loss, _, _ = tbptt_step(model, _batch(stream[:, start:], window_mask, False), before)
+    loss.backward()
+    for g, w in zip(block, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-10)
