@@ -4,6 +4,7 @@ and the reference C++ toolkit, faster-rnnlm, run by this script in the same run.
     python bench/rnn_speed.py [--threads 2] [--seconds 20]
     python bench/rnn_speed.py --threads 1 --quality-seconds 180 --quality-only   # equal-time perplexity
     python bench/rnn_speed.py --threads 1 --bptt block     # rnnlm's block truncation (rows named ...-block-...)
+    python bench/rnn_speed.py --threads 1 --bptt block --batch-sizes 512 --profile 16   # rows ...-profile
 
 Trains each configuration for a fixed wall time from scratch (speed only: the perplexity rows are in
 rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. faster-rnnlm ($FASTER_RNNLM, the binary or
@@ -126,6 +127,8 @@ def main() -> None:
     p.add_argument("--quality-seconds", type=float, default=0.0,
                    help="also the equal-time row: both toolkits trained this long, then PTB test perplexity")
     p.add_argument("--quality-only", action="store_true", help="only the equal-time row")
+    p.add_argument("--profile", type=int, default=0,
+                   help="only profile this many training steps at each batch size (rows ...-profile)")
     p.add_argument("--bptt", default="exact", choices=["exact", "block"],
                    help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--bptt of rnn)")
     args = p.parse_args()
@@ -137,6 +140,9 @@ def main() -> None:
     vocab = Vocab.build(count_words(ptb_dir() / "train.txt"))
     train = encode_file(ptb_dir() / "train.txt", vocab)
     valid = encode_file(ptb_dir() / "valid.txt", vocab)
+    if args.profile:
+        profile_rows(args, vocab, train)
+        return
     peer = faster_rnnlm()
     peer_speed = faster_rnnlm_speed(peer, args.threads, args.hidden, args.seconds) if peer else None
     print({"faster_rnnlm": str(peer), "faster_rnnlm_words_per_s": peer_speed}, flush=True)
@@ -168,6 +174,54 @@ def main() -> None:
                "matmul_ceiling_gflops": ceiling}
     print(speedup)
     merge_rows("rnn_speed", list(rows.values()), {"summary": speedup})
+
+
+def profile_steps(cfg, vocab, stream, steps: int) -> dict:
+    """torch.profiler over `steps` training steps (after 5 unprofiled ones): the share of the time spent in
+    the Elman layer (forward, backward) and in the top ops by self CPU time (ms a step)."""
+    import numpy as np
+    from torch.profiler import ProfilerActivity, profile
+
+    from seqlm.registry import new_model
+    from seqlm.train.loop import make_optimizer
+
+    fam, model = family("rnn"), new_model("rnn", cfg, vocab)
+    opt, state = make_optimizer(model, cfg.train), None
+    batches = iter(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1)))
+
+    def step() -> None:
+        nonlocal state
+        loss, state, _ = fam.step(model, next(batches), state)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
+        opt.step()
+
+    for _ in range(5):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)  # microseconds
+    by_name = {e.key: e for e in events}
+    share = {k: by_name[k].cpu_time_total / total for k in ("_ElmanBPTT", "_ElmanBPTTBackward") if k in by_name}
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+    return {"steps": steps, "ms_per_step": total / steps / 1000, "elman_share": share,
+            "top_self_cpu": [{"op": e.key, "ms_per_step": e.self_cpu_time_total / steps / 1000,
+                              "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in top]}
+
+
+def profile_rows(args: argparse.Namespace, vocab: Vocab, train) -> None:
+    """Rows rnn-hH-class-bB[-block]-profile: where a training step's time goes (no speed rows)."""
+    rows = []
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        cfg = family("rnn").config()
+        apply_overrides([cfg], {"output": "class", "hidden": args.hidden, "batch_size": batch, "bptt": args.bptt})
+        rows.append({"name": f"rnn-h{args.hidden}-class-b{batch}{_tag(args.bptt)}-profile", "threads": args.threads,
+                     "batch_size": batch, "bptt": args.bptt, "profile": profile_steps(cfg, vocab, train, args.profile)})
+        print(rows[-1], flush=True)
+    merge_rows("rnn_speed", rows)
 
 
 def _tag(bptt: str) -> str:
