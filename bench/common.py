@@ -192,6 +192,24 @@ def train_speed(name: str, cfg, vocab, stream, seconds: float, warmup: int = 3) 
     return tokens / (time.perf_counter() - t0), model
 
 
+def profiled(fn, repeat: int, totals: tuple[str, ...] = (), top: int = 12) -> dict:
+    """torch.profiler over `repeat` calls of fn(): ms a call, the share of the time inside each of `totals`
+    (events by name, children included), and the top ops by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeat):
+            fn()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)  # microseconds
+    by_name = {e.key: e for e in events}
+    return {"calls": repeat, "ms_per_call": total / repeat / 1000,
+            "share_of": {k: by_name[k].cpu_time_total / total for k in totals if k in by_name},
+            "top_self_cpu": [{"op": e.key, "ms_per_call": e.self_cpu_time_total / repeat / 1000,
+                              "share": e.self_cpu_time_total / total, "calls_per_call": e.count / repeat}
+                             for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]]}
+
+
 def row_parser(doc: str, rows: str, precision: str) -> argparse.ArgumentParser:
     """The options every PTB table script shares: which rows, and how to train them."""
     from seqlm.train.precision import fast_precision

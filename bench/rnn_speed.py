@@ -40,7 +40,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.eval.perplexity import evaluate
 from seqlm.registry import family
 
-from common import ROOT, matmul_gflops, merge_rows, ptb_dir, train_speed
+from common import ROOT, matmul_gflops, merge_rows, profiled, ptb_dir, train_speed
 
 
 def faster_rnnlm() -> Path | None:
@@ -177,10 +177,8 @@ def main() -> None:
 
 
 def profile_steps(cfg, vocab, stream, steps: int) -> dict:
-    """torch.profiler over `steps` training steps (after 5 unprofiled ones): the share of the time spent in
-    the Elman layer (forward, backward) and in the top ops by self CPU time (ms a step)."""
+    """common.profiled over `steps` training steps (after 5 unprofiled ones), with the Elman layer's share."""
     import numpy as np
-    from torch.profiler import ProfilerActivity, profile
 
     from seqlm.registry import new_model
     from seqlm.train.loop import make_optimizer
@@ -199,17 +197,7 @@ def profile_steps(cfg, vocab, stream, steps: int) -> dict:
 
     for _ in range(5):
         step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step()
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)  # microseconds
-    by_name = {e.key: e for e in events}
-    share = {k: by_name[k].cpu_time_total / total for k in ("_ElmanBPTT", "_ElmanBPTTBackward") if k in by_name}
-    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
-    return {"steps": steps, "ms_per_step": total / steps / 1000, "elman_share": share,
-            "top_self_cpu": [{"op": e.key, "ms_per_step": e.self_cpu_time_total / steps / 1000,
-                              "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in top]}
+    return profiled(step, steps, totals=("_ElmanBPTT", "_ElmanBPTTBackward"))
 
 
 def profile_rows(args: argparse.Namespace, vocab: Vocab, train) -> None:
