@@ -16,7 +16,7 @@ BPTT: rows record `bptt_method`. "per-position" (seqlm.models.rnn since commit 5
 position's error flows back through tau steps, across chunk edges too. Rows named `...-tau-chunked`
 (and every row without `bptt_method`'s "per-position") come from the earlier code, where --tau cut each
 20-step chunk into pieces of tau steps, so a position's error flowed back 1..tau steps; tau = 1 (rnn-bp)
-is plain back-propagation in both.
+is plain back-propagation in both. "block": rnnlm's truncation (`--bptt block`, docs/training.md).
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ RNN_ROWS = {
 # the halved rate; rnnlm restores the previous weights when validation gets worse: docs/training.md)
 RNN_ROWS["rnn-bptt-ref"] = [*RNN_ROWS["rnn-bptt"], "--rollback", "true"]
 RNN_ROWS["rnn-bptt-h400-long-ref"] = [*RNN_ROWS["rnn-bptt-h400-long"], "--rollback", "true"]
+# the same with rnnlm's own truncation (--bptt block: a chunk's errors flow back together through the chunk
+# and the tau-1 inputs before it, as its -bptt-block), which its toolkit trains the paper's models with
+RNN_ROWS["rnn-bptt-h400-long-block-ref"] = [*RNN_ROWS["rnn-bptt-h400-long-ref"], "--bptt", "block"]
 REF_CHECKPOINTS = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS",
                                       Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 # rnn-x4 combines the four differently configured RNNs of this table (the paper combines RNNs that
@@ -83,7 +86,14 @@ ALL_RNNS = ["rnn-bptt", "rnn-bptt-h400", "rnn-bptt-h400-long", "rnn-bptt-nodropo
 MIXTURES.update({"rnn-all": ALL_RNNS, "rnn-all+kn5": [*ALL_RNNS, "kn5"]})
 # -sw: the same mixtures with EM weights fitted in stream mode (run with --stream-weights)
 MIXTURES.update({"rnn400long+kn5-sw": MIXTURES["rnn400long+kn5"], "rnn-all+kn5-sw": MIXTURES["rnn-all+kn5"]})
-MIXTURES.update({"rnn-ref+kn5": ["rnn-bptt-ref", "kn5"], "rnn400long-ref+kn5": ["rnn-bptt-h400-long-ref", "kn5"]})
+MIXTURES.update({"rnn-ref+kn5": ["rnn-bptt-ref", "kn5"], "rnn400long-ref+kn5": ["rnn-bptt-h400-long-ref", "kn5"],
+                 "rnn400long-block-ref+kn5": ["rnn-bptt-h400-long-block-ref", "kn5"]})
+
+
+def bptt_method(row: str) -> str:
+    """How the row's RNN was trained (module docstring): "block" for --bptt block, else per-position."""
+    opts = RNN_ROWS.get(row, [])
+    return "block" if "--bptt" in opts and opts[opts.index("--bptt") + 1] == "block" else BPTT_METHOD
 
 
 def checkpoint_dir(name: str) -> Path:
@@ -124,7 +134,7 @@ def run_rnn(name: str, args: argparse.Namespace) -> dict:
                             "wall_time_ratio": train_seconds / FASTER_RNNLM["train_seconds"],
                             "wall_time_with_evals_ratio": (hist[-1]["wall_seconds"] if hist else 0.0)
                             / FASTER_RNNLM["train_seconds"]},
-        "threads": args.threads, "resumed": resumed, "bptt_method": BPTT_METHOD,
+        "threads": args.threads, "resumed": resumed, "bptt_method": bptt_method(name),
         **({"checkpoints": str(out), "rolled_back_epochs": [h["epoch"] for h in status["history"]
                                                             if h.get("rolled_back")]} if "-ref" in name else {}),
     }
@@ -148,7 +158,7 @@ def run_mixture(name: str, args: argparse.Namespace) -> dict:
     mix = seqlm.load(out)
     test = encode_file(ptb_dir() / "test.txt", mix.vocab)
     valid = encode_file(ptb_dir() / "valid.txt", mix.vocab)
-    return {"name": name, "members": MIXTURES[name], "bptt_method": BPTT_METHOD,  # of the members trained here
+    return {"name": name, "members": MIXTURES[name], "bptt_method": bptt_method(MIXTURES[name][0]),
             "weights": json.loads((out / "config.json").read_text())["model"],
             "valid_ppl": evaluate(mix, valid)["ppl"], "test_ppl": evaluate(mix, test)["ppl"],
             "valid_ppl_stream": evaluate(mix, valid, stream_mode=True)["ppl"],
