@@ -103,7 +103,7 @@ def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float, bptt: s
     """seqlm's rnn (class output, the rnn-fast recipe of rnnlm_ptb.py: tanh, BPTT 5) trained on PTB through
     the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
     flags = ["--hidden", str(hidden), "--output", "class", "--batch-size", str(batch), "--tau", "5",
-             "--bptt", bptt, "--activation", "tanh", "--max-epochs", "100", "--max-minutes", f"{seconds / 60:g}",
+             "--truncation", bptt, "--activation", "tanh", "--max-epochs", "100", "--max-minutes", f"{seconds / 60:g}",
              "--threads", str(threads)]
     with tempfile.TemporaryDirectory(prefix="seqlm-rnn-") as tmp:
         t = time.perf_counter()
@@ -130,7 +130,7 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0,
                    help="only profile this many training steps at each batch size (rows ...-profile)")
     p.add_argument("--bptt", default="exact", choices=["exact", "block"],
-                   help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--bptt of rnn)")
+                   help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--truncation of rnn)")
     args = p.parse_args()
     if args.quality_seconds:
         quality_row(args)
@@ -150,7 +150,7 @@ def main() -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     for output, batch in [("class", b) for b in sizes] + [("full", sizes[0])]:
         cfg = family("rnn").config()
-        apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch, "bptt": args.bptt})
+        apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch, "truncation": args.bptt})
         words_s, model = train_speed("rnn", cfg, vocab, train, args.seconds)
         t = time.perf_counter()
         evaluate(model, valid)
@@ -205,7 +205,7 @@ def profile_rows(args: argparse.Namespace, vocab: Vocab, train) -> None:
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         cfg = family("rnn").config()
-        apply_overrides([cfg], {"output": "class", "hidden": args.hidden, "batch_size": batch, "bptt": args.bptt})
+        apply_overrides([cfg], {"output": "class", "hidden": args.hidden, "batch_size": batch, "truncation": args.bptt})
         rows.append({"name": f"rnn-h{args.hidden}-class-b{batch}{_tag(args.bptt)}-profile", "threads": args.threads,
                      "batch_size": batch, "bptt": args.bptt, "profile": profile_steps(cfg, vocab, train, args.profile)})
         print(rows[-1], flush=True)

@@ -16,7 +16,7 @@ BPTT: rows record `bptt_method`. "per-position" (seqlm.models.rnn since commit 5
 position's error flows back through tau steps, across chunk edges too. Rows named `...-tau-chunked`
 (and every row without `bptt_method`'s "per-position") come from the earlier code, where --tau cut each
 20-step chunk into pieces of tau steps, so a position's error flowed back 1..tau steps; tau = 1 (rnn-bp)
-is plain back-propagation in both. "block": rnnlm's truncation (`--bptt block`, docs/training.md).
+is plain back-propagation in both. "block": rnnlm's truncation (`--truncation block`, docs/training.md).
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
 
 BPTT_METHOD = "per-position"  # see the module docstring
 PAPER_TEST_PPL = {"kn5": 141.2, "rnn-bptt": 124.7, "rnn+kn5": 105.7, "rnn-x4": 102.0}
-# faster-rnnlm (sigmoid RNN, H=200, hierarchical softmax, BPTT 32, 2 threads) on this machine, as given
-# in the issue that asked for this benchmark: 150k words/s, 12 epochs in 71 s, PTB test ppl 164.3.
-FASTER_RNNLM = {"train_words_per_s": 150_000, "train_seconds": 71.0, "test_ppl": 164.3}
 # The paper's model has no dropout; without it the mini-batched RNN overfits (rnn-bptt-nodropout: train
 # ppl 63, valid 153), so the main rows use dropout 0.3 and that row keeps the plain model for reference.
 DROP = ["--dropout", "0.3"]
@@ -57,8 +54,8 @@ RNN_ROWS = {
     # h400's valid ppl still fell ~1 an epoch when its 6 halving epochs ran out: the same model, 10 of them
     "rnn-bptt-h400-long": ["--tau", "5", "--hidden", "400", *DROP, "--halving-epochs", "10"],
     "rnn-bptt-h400-tanh": ["--tau", "5", "--hidden", "400", "--activation", "tanh", *DROP],
-    # against faster-rnnlm's wall time (164.3 test ppl in 71 s): tanh learns faster early, and without dropout
-    # two epochs already beat that perplexity (a third overfits; tuning runs in the closing note of issue 4)
+    # short recipes for equal-wall-time comparisons (bench/rnn_speed.py runs faster-rnnlm beside them): tanh
+    # learns faster early, and without dropout a third epoch overfits
     "rnn-fast": ["--tau", "5", "--activation", "tanh", "--max-epochs", "2"],
     "rnn-fast-b128": ["--tau", "5", "--activation", "tanh", "--max-epochs", "3", "--batch-size", "128"],
     "rnn-bptt-s2": ["--tau", "5", "--seed", "2", *DROP],  # extra seeds: members of rnn-x4
@@ -69,9 +66,9 @@ RNN_ROWS = {
 # the halved rate; rnnlm restores the previous weights when validation gets worse: docs/training.md)
 RNN_ROWS["rnn-bptt-ref"] = [*RNN_ROWS["rnn-bptt"], "--rollback", "true"]
 RNN_ROWS["rnn-bptt-h400-long-ref"] = [*RNN_ROWS["rnn-bptt-h400-long"], "--rollback", "true"]
-# the same with rnnlm's own truncation (--bptt block: a chunk's errors flow back together through the chunk
+# the same with rnnlm's own truncation (--truncation block: a chunk's errors flow back together through the chunk
 # and the tau-1 inputs before it, as its -bptt-block), which its toolkit trains the paper's models with
-RNN_ROWS["rnn-bptt-h400-long-block-ref"] = [*RNN_ROWS["rnn-bptt-h400-long-ref"], "--bptt", "block"]
+RNN_ROWS["rnn-bptt-h400-long-block-ref"] = [*RNN_ROWS["rnn-bptt-h400-long-ref"], "--truncation", "block"]
 REF_CHECKPOINTS = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS",
                                       Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 # rnn-x4 combines the four differently configured RNNs of this table (the paper combines RNNs that
@@ -91,9 +88,9 @@ MIXTURES.update({"rnn-ref+kn5": ["rnn-bptt-ref", "kn5"], "rnn400long-ref+kn5": [
 
 
 def bptt_method(row: str) -> str:
-    """How the row's RNN was trained (module docstring): "block" for --bptt block, else per-position."""
+    """How the row's RNN was trained (module docstring): "block" for --truncation block, else per-position."""
     opts = RNN_ROWS.get(row, [])
-    return "block" if "--bptt" in opts and opts[opts.index("--bptt") + 1] == "block" else BPTT_METHOD
+    return "block" if "--truncation" in opts and opts[opts.index("--truncation") + 1] == "block" else BPTT_METHOD
 
 
 def checkpoint_dir(name: str) -> Path:
@@ -129,11 +126,6 @@ def run_rnn(name: str, args: argparse.Namespace) -> dict:
         "eval_tokens_per_s": _eval_words_per_s(model, test),
         "config": json.loads((out / "config.json").read_text())["model"],
         "valid_curve": [h["valid_ppl"] for h in hist],
-        "vs_faster_rnnlm": {"train_speed_ratio": words_s / FASTER_RNNLM["train_words_per_s"],
-                            "test_ppl_stream_ratio": stream_test / FASTER_RNNLM["test_ppl"],
-                            "wall_time_ratio": train_seconds / FASTER_RNNLM["train_seconds"],
-                            "wall_time_with_evals_ratio": (hist[-1]["wall_seconds"] if hist else 0.0)
-                            / FASTER_RNNLM["train_seconds"]},
         "threads": args.threads, "resumed": resumed, "bptt_method": bptt_method(name),
         **({"checkpoints": str(out), "rolled_back_epochs": [h["epoch"] for h in status["history"]
                                                             if h.get("rolled_back")]} if "-ref" in name else {}),

@@ -7,16 +7,20 @@ position's loss reaches.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 import torch
 
+from seqlm.cli import main
 from seqlm.data.vocab import Vocab
 from seqlm.models.rnn import RNNLM
 from seqlm.nn.elman import Elman, elman_reference
 from seqlm.protocol import Batch
 from seqlm.train.steps import tbptt_step
+
+from conftest import TINY, write_corpus
 
 B, T, N_IN, H = 2, 7, 3, 4
 
@@ -101,11 +105,11 @@ def test_tau_one_is_plain_backpropagation_and_long_tau_is_full_bptt() -> None:
         torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-12)
 
 
-def _model(tau: int, bptt: str = "exact") -> RNNLM:
+def _model(tau: int, truncation: str = "exact") -> RNNLM:
     vocab = Vocab.build(Counter({f"w{i}": 30 - i for i in range(22)}))  # with </s> and <unk>: 24 words
     torch.manual_seed(0)
     return RNNLM(vocab, hidden=5, embed=0, activation="sigmoid", output="full", classes=0, tau=tau,
-                 sentence_independent=False, bptt=bptt).double()
+                 sentence_independent=False, truncation=truncation).double()
 
 
 def _batch(inputs: torch.Tensor, mask: torch.Tensor, first: bool) -> Batch:
@@ -140,7 +144,7 @@ def test_rnnlm_reaches_tau_steps_back_across_a_chunk_edge(tau: int) -> None:
 
 @pytest.mark.parametrize("tau", [1, 3, 5])
 def test_block_bptt_runs_the_chunk_and_its_context_back_together(tau: int) -> None:
-    """--bptt block: chunk 2's errors flow back through all of chunk 2 and the tau-1 re-run inputs before it
+    """--truncation block: chunk 2's errors flow back through all of chunk 2 and the tau-1 re-run inputs before it
     (rnnlm's -bptt-block), and the gradient equals the textbook autograd loop (impl "reference") run over
     those inputs from the state before them, held constant."""
     stream = torch.arange(2, 20).view(1, 18).repeat(2, 1)
@@ -167,3 +171,15 @@ def test_block_bptt_runs_the_chunk_and_its_context_back_together(tau: int) -> No
     loss.backward()
     for g, w in zip(block, (p.grad for p in model.parameters()), strict=True):
         torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-10)
+
+
+def test_truncation_through_the_cli_is_saved_and_bptt_still_means_seq_len(tmp_path, capsys) -> None:
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "rnn"
+    assert main(["train", "--model", "rnn", "--data", str(corpus), "--out", str(out), "--max-epochs", "1",
+                 "--truncation", "block", "--bptt", "7", *TINY]) == 0
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["truncation"], model["train"]["seq_len"]) == ("block", 7)
+    assert main(["train", "--model", "rnn", "--data", str(corpus), "--out", str(tmp_path / "bad"),
+                 "--truncation", "chunk", *TINY]) == 2
+    assert "--truncation must be one of exact, block" in capsys.readouterr().err

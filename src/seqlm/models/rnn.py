@@ -4,14 +4,14 @@ x(t) = [w(t); s(t-1)], s(t) = f(U x(t)), y(t) = g(V s(t)): the input word's embe
 layer (sigmoid, or tanh) whose state runs on across the whole text (the toolkit's default) or restarts
 at every sentence (`--sentence-independent`, what n-best rescoring needs). The output is a full
 softmax or the class-factorised one ('Speedup techniques': P(w|h) = P(c|h) P(w|c,h), C ~ sqrt(V)).
-Training: BPTT(tau) ('Backpropagation through time'), exactly per position (`--bptt exact`): the error
+Training: BPTT(tau) ('Backpropagation through time'), exactly per position (`--truncation exact`): the error
 of every position's output flows back through `--tau` steps of the recurrence, reaching that position's input
 and the tau-1 inputs before it, and the recurrent weights at those steps; the state tau steps back
 enters as a constant. tau = 1 is plain back-propagation. The text comes in chunks of `--seq-len`
 steps; at a chunk edge the last tau-1 inputs of the previous chunk are run again (from the state
 before them, held constant), so the first positions of a chunk reach tau steps back too. (Before
 this, `--tau` cut each chunk into pieces of tau steps: a position's error flowed back 1..tau steps.)
-`--bptt block` is the cheaper truncation of Mikolov's and faster-rnnlm's toolkits (-bptt-block): the
+`--truncation block` is the cheaper truncation of Mikolov's and faster-rnnlm's toolkits (-bptt-block): the
 errors of a whole chunk flow back together through it and the tau-1 re-run inputs before it, so
 position k of a chunk reaches k + tau steps back: one backward matmul a step instead of tau-1.
 """
@@ -53,7 +53,7 @@ class RNNConfig:
     classes: int = 0  # word classes of the class output, by frequency; 0 = round(sqrt(V))
     dropout: float = 0.0  # on the input embedding and the output layer's input; 0 = the paper's model
     tau: int = 5  # BPTT(tau): every position's error flows back through tau steps (1 = plain back-propagation)
-    bptt: str = "exact"  # exact: every error flows back tau steps | block: rnnlm's -bptt-block, a chunk's together
+    truncation: str = "exact"  # of BPTT: exact, each error flows back tau steps | block, as rnnlm's -bptt-block
     sentence_independent: bool = False  # restart the state at every sentence, in training and scoring (rescoring)
     vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)  # NCE, sparse codes (full output)
     train: TrainConfig = field(default_factory=_rnnlm_training)
@@ -63,7 +63,7 @@ class RNNConfig:
         if self.embed < 0:
             raise SeqlmError(f"--embed must be 0 (= hidden, no extra projection) or positive, got {self.embed}")
         choice("activation", self.activation, ("sigmoid", "tanh"))
-        choice("bptt", self.bptt, ("exact", "block"))
+        choice("truncation", self.truncation, ("exact", "block"))
         choice("output", self.output, ("class", "full"))
         dropout_rate(self.dropout)
         if self.classes < 0:
@@ -73,11 +73,11 @@ class RNNConfig:
 class RNNLM(nn.Module):
     def __init__(self, vocab: Vocab, hidden: int, embed: int, activation: str, output: str, classes: int,
                  tau: int, sentence_independent: bool, dropout: float = 0.0,
-                 vocab_layers: VocabLayerConfig | None = None, bptt: str = "exact"):
+                 vocab_layers: VocabLayerConfig | None = None, truncation: str = "exact"):
         super().__init__()
         self.drop = nn.Dropout(dropout)
         self.vocab, self.tau, self.sentence_independent = vocab, tau, sentence_independent
-        self.bptt = bptt
+        self.truncation = truncation
         vl = vocab_layers or VocabLayerConfig()
         self.embedding = build_embedding(vl, vocab, embed or hidden)
         if isinstance(self.embedding, nn.Embedding):
@@ -106,7 +106,7 @@ class RNNLM(nn.Module):
         c = inputs.shape[1] - batch.inputs.shape[1]
         # block: one backward pass through all c+T steps, as rnnlm's -bptt-block (one (B, H) x (H, H) matmul a
         # step instead of tau-1); each position then reaches back further than tau, never less
-        tau = self.tau if torch.is_grad_enabled() and self.bptt == "exact" else None
+        tau = self.tau if torch.is_grad_enabled() and self.truncation == "exact" else None
         h, last = self.rnn(self.drop(self.embedding(inputs)), state, tau)  # (B, c+T, H), (B, H)
         if self.training:  # the output layer's own training loss (the contract in seqlm.train.steps)
             loss = self.out.loss(self.drop(h[:, c:]).flatten(0, 1), batch.targets.flatten())  # (B*T,)
@@ -155,4 +155,4 @@ def rnn_batches(cfg: RNNConfig, vocab: Vocab):
 def build_rnn(cfg: RNNConfig, vocab: Vocab) -> RNNLM:
     return RNNLM(vocab, hidden=cfg.hidden, embed=cfg.embed, activation=cfg.activation, output=cfg.output,
                  classes=cfg.classes, tau=cfg.tau, sentence_independent=cfg.sentence_independent,
-                 dropout=cfg.dropout, vocab_layers=cfg.vocab_layers, bptt=cfg.bptt)
+                 dropout=cfg.dropout, vocab_layers=cfg.vocab_layers, truncation=cfg.truncation)
