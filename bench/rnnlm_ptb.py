@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -142,11 +143,13 @@ def run_kn5() -> str:
 def run_mixture(name: str, args: argparse.Namespace) -> dict:
     members = [run_kn5() if m == "kn5" else str(checkpoint_dir(m)) for m in MIXTURES[name]]
     out = checkpoint_dir(name)
-    if not (out / "config.json").exists():
-        code = seqlm_main(["interpolate", *members, "--valid", str(ptb_dir() / "valid.txt"), "--out", str(out),
-                           *(["--stream"] if args.stream_weights else [])])
-        if code != 0:
-            raise SystemExit(f"interpolate failed for {name}")
+    # rebuilt every run: a member may have changed, or (kn5 lives in the work tree, the -ref rows outside it)
+    # a saved mixture may point at a member of a checkout that is gone
+    shutil.rmtree(out, ignore_errors=True)
+    code = seqlm_main(["interpolate", *members, "--valid", str(ptb_dir() / "valid.txt"), "--out", str(out),
+                       *(["--stream"] if args.stream_weights else [])])
+    if code != 0:
+        raise SystemExit(f"interpolate failed for {name}")
     mix = seqlm.load(out)
     test = encode_file(ptb_dir() / "test.txt", mix.vocab)
     valid = encode_file(ptb_dir() / "valid.txt", mix.vocab)
