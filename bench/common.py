@@ -165,8 +165,9 @@ def matmul_gflops(shapes: list[tuple[int, int, int]], dtype: torch.dtype, device
     return best
 
 
-def train_speed(name: str, cfg, vocab, stream, seconds: float, warmup: int = 3) -> tuple[float, object]:
-    """Training tokens/s of family `name` from scratch, through the family's own batches and step."""
+def training_step(name: str, cfg, vocab, stream):
+    """A fresh model of family `name` and a step() that trains it on the next batch of `stream` (through the
+    family's own batches and step) and returns the tokens it trained on; (step, model)."""
     import numpy as np
 
     from seqlm.registry import family, new_model
@@ -175,19 +176,35 @@ def train_speed(name: str, cfg, vocab, stream, seconds: float, warmup: int = 3) 
     fam = family(name)
     model = new_model(name, cfg, vocab)
     opt = make_optimizer(model, cfg.train)
-    state, tokens, t0 = None, 0, None
-    for i, batch in enumerate(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1))):
-        if i == warmup:  # warm-up steps excluded
-            t0, tokens = time.perf_counter(), 0
+    batches = iter(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1)))
+    state = None
+
+    def step() -> int:
+        nonlocal state
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16"):
-            loss, state, n = fam.step(model, batch, state)
+            loss, state, n = fam.step(model, next(batches), state)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.train.clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
         opt.step()
-        tokens += n
-        if t0 is not None and time.perf_counter() - t0 > seconds:
+        return n
+
+    return step, model
+
+
+def train_speed(name: str, cfg, vocab, stream, seconds: float, warmup: int = 3) -> tuple[float, object]:
+    """Training tokens/s of family `name` from scratch, through the family's own batches and step."""
+    step, model = training_step(name, cfg, vocab, stream)
+    for _ in range(warmup):  # warm-up steps excluded
+        step()
+    tokens, t0 = 0, time.perf_counter()
+    while True:
+        try:
+            tokens += step()
+        except StopIteration:  # the stream ran out first
+            break
+        if time.perf_counter() - t0 > seconds:
             break
     return tokens / (time.perf_counter() - t0), model
 

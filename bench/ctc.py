@@ -3,7 +3,7 @@
     python bench/ctc.py --rows greedy,kn5-kenlm,kn5-seqlm,lstm,lstm-kn5 --threads 1
     python bench/ctc.py --rows greedy,kn5-seqlm --utterances 20 --model kn5=DIR      # a quick look
     python bench/ctc.py --rows rnn,rnn-kn5 --threads 1     # the Elman RNN in place of the LSTM
-    python bench/ctc.py --rows kn5-kenlm,lstm-kn5 --tune-alpha 0.5,0.8,1.2 --tune-beta 1,2.5   # tuned on valid
+    python bench/ctc.py --rows kn5-kenlm,lstm-kn5 --tune-alpha 0.3,0.5,0.7 --tune-beta 0.5,1,2   # tuned on valid
 
 Posteriors: the first UTTERANCES sentences of PTB test, as characters (alphabet: CTC blank, space and every
 character of the PTB training vocabulary, `<unk>` spelled out). Each character takes 1 or 2 frames (even

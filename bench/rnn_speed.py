@@ -40,7 +40,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.eval.perplexity import evaluate
 from seqlm.registry import family
 
-from common import ROOT, matmul_gflops, merge_rows, profiled, ptb_dir, train_speed
+from common import ROOT, matmul_gflops, merge_rows, profiled, ptb_dir, train_speed, training_step
 
 
 def faster_rnnlm() -> Path | None:
@@ -178,23 +178,7 @@ def main() -> None:
 
 def profile_steps(cfg, vocab, stream, steps: int) -> dict:
     """common.profiled over `steps` training steps (after 5 unprofiled ones), with the Elman layer's share."""
-    import numpy as np
-
-    from seqlm.registry import new_model
-    from seqlm.train.loop import make_optimizer
-
-    fam, model = family("rnn"), new_model("rnn", cfg, vocab)
-    opt, state = make_optimizer(model, cfg.train), None
-    batches = iter(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1)))
-
-    def step() -> None:
-        nonlocal state
-        loss, state, _ = fam.step(model, next(batches), state)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
-        opt.step()
-
+    step, _ = training_step("rnn", cfg, vocab, stream)
     for _ in range(5):
         step()
     return profiled(step, steps, totals=("_ElmanBPTT", "_ElmanBPTTBackward"))
