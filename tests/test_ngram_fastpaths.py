@@ -1,6 +1,6 @@
 """Estimation's fast paths against the numpy calls they replace, exactly.
 
-counts.unique against np.unique (packed-sort path and the fallback for keys too wide to pack), on the
+counts.unique against np.unique (packed-sort path, the fallback for keys too wide to pack, sorted runs), on the
 compiled radix sort and on numpy's (sort_keys against np.sort and the stable argsort, both paths); the
 compiled ARPA line assembly against the numpy one and plain slicing. (ARPA files as a whole are held
 byte for byte against a line-by-line reference writer in test_ngram_arpa_write.py, on both paths.)
@@ -29,6 +29,9 @@ def test_unique_equals_numpy_unique(sort_path, values: list[int], spread: int, s
         want = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
         for g, w in zip(got, want, strict=True):
             assert g.dtype == np.int64 and np.array_equal(g, w.reshape(-1))
+    runs = np.concatenate([np.sort(part) for part in np.array_split(narrow, 1 + seed)])  # a merge's input
+    for g, w in zip(unique(runs, runs=True), np.unique(runs, True, True, True), strict=True):
+        assert np.array_equal(g, w.reshape(-1))
 
 
 @pytest.fixture(params=["compiled", "numpy"])

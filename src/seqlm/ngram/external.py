@@ -6,12 +6,14 @@ of the token stream), order by order as the in-memory counter goes:
 
     order k, chunk c:  keys of the k-grams ending in the chunk (prefix id at k-1 * V + word)
                        -> np.unique with counts: a sorted run, spilled to disk
+                          and each position's rank in that run (unique's inverse), spilled too
     all runs           -> merged window by window (a k-way merge of sorted files) into the files
-                          keys{k}, counts{k}, suffix{k} (filearray.FileArray)
-    chunk c again      -> each position's key, then its id at order k (found window by window over
-                          keys{k}): a file that the next order reads as its prefixes
+                          keys{k}, counts{k}, suffix{k} (filearray.FileArray), and for each run the
+                          merged id of each of its keys
+    chunk c again      -> each position's id at order k: its rank in run c through run c's merged ids;
+                          a file that the next order reads as its prefixes
 
-Only one chunk's positions, one window per run and one window of keys{k} are in memory. The unigram
+Only one chunk's positions and one window per run are in memory. The unigram
 counts (vocabulary-sized) stay in memory. `count_to_files` leaves the per-order tables in the folder
 it is given (external_estimate.py works on them); `count_ngrams_bounded` reads them back into arrays
 and deletes its temporary folder (in TMPDIR unless told otherwise).
@@ -27,7 +29,7 @@ import numpy as np
 
 from seqlm.data.corpus import TokenStream
 from seqlm.ngram.counts import NGramCounts, unique
-from seqlm.ngram.filearray import Appender, FileArray, search_answer, windowed_map
+from seqlm.ngram.filearray import Appender, FileArray
 
 BYTES_PER_POSITION = 256  # measured: ~200 bytes per position at the peak of counting (the sort and its inputs)
 RUN_FIELDS = 3  # key, count, suffix: int64 each
@@ -75,12 +77,13 @@ class _Runs:
             f.seek(at * RUN_FIELDS * 8)
             return np.fromfile(f, dtype=np.int64, count=count * RUN_FIELDS).reshape(-1, RUN_FIELDS)
 
-    def merge(self, window: int, out: list[Appender]) -> None:
+    def merge(self, window: int, out: list[Appender], ids: bool) -> None:
         """Append (keys, counts, suffix) of all runs to `out`, equal keys summed. Each step takes, from
         every run, the keys up to the smallest last key of the current windows, so no later key can
-        precede them."""
-        at = [0] * len(self.sizes)
+        precede them. ids: also write runmap{k}-{i}.bin, the merged id of each key of run i."""
+        at, done = [0] * len(self.sizes), 0
         bufs = [self._read(i, 0, window) for i in range(len(self.sizes))]
+        maps = [Appender(self.folder / f"runmap{self.k}-{i}.bin", np.int64) for i in range(len(bufs))] if ids else []
         while any(len(b) for b in bufs):
             pivot = min(int(b[-1, 0]) for b in bufs if len(b))
             parts = []
@@ -89,10 +92,17 @@ class _Runs:
                 parts.append(b[:n])
                 at[i] += n
                 bufs[i] = b[n:] if n < len(b) else self._read(i, at[i], window)
-            block = np.concatenate(parts)  # (P, 3)
-            keys, first, inverse, _ = unique(block[:, 0])
+            block = np.concatenate(parts)  # (P, 3) sorted runs one after another
+            keys, first, inverse, _ = unique(block[:, 0], runs=True)
             for o, column in zip(out, (keys, np.bincount(inverse, block[:, 1]), block[first, 2]), strict=True):
                 o.add(column)
+            a = 0
+            for m, part in zip(maps, parts):  # (no maps without ids)
+                m.add(inverse[a : a + len(part)] + done)  # (n_i,) merged ids of run i's keys in this step
+                a += len(part)
+            done += len(keys)
+        for m in maps:
+            m.__exit__()
         for i in range(len(self.sizes)):
             (self.folder / f"run{self.k}-{i}.bin").unlink()
 
@@ -121,12 +131,10 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
         unigram += np.bincount(_chunk(stream, s0, s1, bos_id)[0], minlength=V)
     keys, counts, suffix = [np.arange(V, dtype=np.int64)], [unigram], [np.full(V, -1, dtype=np.int64)]
     for k in range(2, order + 1):
-        k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory)
+        k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory, k < order)
         keys.append(k_keys)
         counts.append(k_counts)
         suffix.append(k_suffix)
-        if k < order:
-            _write_ids(stream, bounds, bos_id, V, k, k_keys, folder, memory)
         if k > 2:
             (folder / f"ids{k - 1}.bin").unlink()
     return NGramCounts(V, bos_id, keys, counts, suffix)
@@ -142,37 +150,48 @@ def _prev_ids(stream, s0, s1, bos_id, k, folder) -> tuple[np.ndarray, np.ndarray
         return seq, pos, np.fromfile(f, dtype=np.int64, count=len(seq))
 
 
-def _count_order(stream, bounds, bos_id, V, k, folder, memory) -> tuple[FileArray, FileArray, FileArray]:
-    """Sorted runs of one order, one per chunk, merged into keys{k}, counts{k}, suffix{k}."""
+def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool
+                 ) -> tuple[FileArray, FileArray, FileArray]:
+    """Sorted runs of one order, one per chunk, merged into keys{k}, counts{k}, suffix{k}; with_ids (below
+    the highest order): also ids{k}, each position's id at order k (-1 where no k-gram ends)."""
     runs = _Runs(folder, k)
     out = [Appender(folder / f"{name}{k}.bin", np.int64) for name in ("keys", "counts", "suffix")]
-    for s0, s1 in bounds:
-        seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
-        at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
-        key = gram[at - 1] * V + seq[at]  # (P,)
-        uniq, first, _, cnt = unique(key, overwrite=True)  # (np.unique's result, faster: counts.py)
-        if len(bounds) > 1:
-            runs.add(uniq, cnt, gram[at[first]])
-        else:
-            for o, column in zip(out, (uniq, cnt, gram[at[first]]), strict=True):
-                o.add(column)
-    if len(bounds) > 1:
-        runs.merge(max(1024, memory // (12 * RUN_FIELDS * 8 * len(runs.sizes))), out)  # ~10x the windows at the peak
+    with Appender(folder / f"local{k}.bin", np.int64) as local:
+        for s0, s1 in bounds:
+            seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
+            at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
+            key = gram[at - 1] * V + seq[at]  # (P,)
+            uniq, first, inverse, cnt = unique(key, overwrite=True)  # (np.unique's result, faster: counts.py)
+            columns = (uniq, cnt, gram[at[first]])
+            if len(bounds) > 1:
+                runs.add(*columns)
+            else:
+                for o, column in zip(out, columns, strict=True):
+                    o.add(column)
+            if with_ids:
+                rank = np.full(len(seq), -1, dtype=np.int64)  # (L,) each position's rank in this chunk's run
+                rank[at] = inverse
+                local.add(rank)
+    if len(bounds) > 1:  # ~10x the windows at the peak
+        runs.merge(max(1024, memory // (12 * RUN_FIELDS * 8 * len(runs.sizes))), out, ids=with_ids)
     for o in out:
         o.__exit__()
+    if with_ids:
+        _write_ids(stream, bounds, k, folder, len(bounds) > 1)
+    else:
+        (folder / f"local{k}.bin").unlink()
     return out[0].array, out[1].array, out[2].array
 
 
-def _write_ids(stream, bounds, bos_id, V, k, keys: FileArray, folder, memory) -> None:
-    """The id at order k of the k-gram ending at each position (-1 where none), for order k+1's prefixes:
-    each position's key, then its rank among the keys, found window by window."""
-    with Appender(folder / f"query{k}.bin", np.int64) as queries:
-        for s0, s1 in bounds:
-            seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
-            key = np.full(len(seq), -1, dtype=np.int64)
-            at = np.flatnonzero(pos >= k - 1)
-            key[at] = gram[at - 1] * V + seq[at]
-            queries.add(key)
-    windowed_map(keys, queries.array, folder / f"ids{k}.bin", np.int64, -1, search_answer,
-                 window=max(1024, memory // 32), chunk=max(1024, memory // 64))
-    (folder / f"query{k}.bin").unlink()
+def _write_ids(stream, bounds, k, folder, merged: bool) -> None:
+    """ids{k}: each position's rank in its chunk's run, through that run's merged ids (one run: itself)."""
+    if not merged:
+        (folder / f"local{k}.bin").rename(folder / f"ids{k}.bin")
+        return
+    with Appender(folder / f"ids{k}.bin", np.int64) as ids, open(folder / f"local{k}.bin", "rb") as local:
+        for c, (s0, s1) in enumerate(bounds):
+            rank = np.fromfile(local, dtype=np.int64, count=int(stream.starts[s1] - stream.starts[s0]) + s1 - s0)
+            merged_id = np.fromfile(folder / f"runmap{k}-{c}.bin", dtype=np.int64)  # (run c's keys,)
+            ids.add(np.where(rank >= 0, merged_id[np.maximum(rank, 0)], -1))  # (L,)
+            (folder / f"runmap{k}-{c}.bin").unlink()
+    (folder / f"local{k}.bin").unlink()
