@@ -32,6 +32,9 @@ def test_unique_equals_numpy_unique(sort_path, values: list[int], spread: int, s
     runs = np.concatenate([np.sort(part) for part in np.array_split(narrow, 1 + seed)])  # a merge's input
     for g, w in zip(unique(runs, runs=True), np.unique(runs, True, True, True), strict=True):
         assert np.array_equal(g, w.reshape(-1))
+    uniq, first, none, cnt = unique(narrow, inverse=False)
+    want = np.unique(narrow, True, False, True)
+    assert none is None and all(np.array_equal(g, w) for g, w in zip((uniq, first, cnt), want, strict=True))
 
 
 @pytest.fixture(params=["compiled", "numpy"])

@@ -112,18 +112,20 @@ def count_ngrams(stream: TokenStream, bos_id: int, vocab_size: int, order: int) 
     return NGramCounts(V, bos_id, keys, counts, suffix)
 
 
-def unique(key: np.ndarray, overwrite: bool = False, runs: bool = False
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def unique(key: np.ndarray, overwrite: bool = False, runs: bool = False, inverse: bool = True
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
     """np.unique(key, return_index=True, return_inverse=True, return_counts=True) for int64 keys >= 0,
     the same four arrays, faster: np.unique's stable argsort is the bulk of counting. When the keys leave
     room for the positions in 63 bits, one plain sort of `key << bits | position` gives the keys sorted
     and, within a key, its positions in order: the stable argsort for free; otherwise the keys are
     argsorted (stable) by sort_keys. overwrite: `key` may be used as scratch space (its contents are lost).
     runs: `key` is a few sorted runs one after another (a merge): numpy's stable argsort (a timsort, which
-    merges runs it finds) is then several times faster than any full sort."""
+    merges runs it finds) is then several times faster than any full sort. inverse=False: None for the
+    inverse (its scatter is a random write per key)."""
     n = len(key)
     if n == 0:
-        return np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+        uniq, first, out, cnt = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+        return uniq, first, out if inverse else None, cnt
     bits = max(int(n - 1).bit_length(), 1)
     work = key if overwrite else key.copy()  # (P,)
     if runs:
@@ -142,10 +144,12 @@ def unique(key: np.ndarray, overwrite: bool = False, runs: bool = False
     np.not_equal(work[1:], work[:-1], out=new[1:])
     begin = np.flatnonzero(new)  # (M,)
     uniq = work[begin]
-    inverse = np.cumsum(new, dtype=np.int64, out=work)  # (P,) run number + 1, in sorted order (reusing work)
-    inverse -= 1
+    if not inverse:
+        return uniq, perm[begin], None, np.diff(begin, append=n)
+    run = np.cumsum(new, dtype=np.int64, out=work)  # (P,) run number + 1, in sorted order (reusing work)
+    run -= 1
     out = np.empty(n, dtype=np.int64)
-    out[perm] = inverse
+    out[perm] = run
     return uniq, perm[begin], out, np.diff(begin, append=n)
 
 

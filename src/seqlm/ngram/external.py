@@ -5,13 +5,12 @@ Here the corpus is read in chunks of whole sentences straight from the memory-ma
 of the token stream), order by order as the in-memory counter goes:
 
     order k, chunk c:  keys of the k-grams ending in the chunk (prefix id at k-1 * V + word)
-                       -> np.unique with counts: a sorted run, spilled to disk
-                          and each position's rank in that run (unique's inverse), spilled too
+                       -> np.unique with counts: a sorted run, spilled to disk, and each position's
+                          rank in that run (unique's inverse, int32), spilled too
     all runs           -> merged window by window (a k-way merge of sorted files) into the files
                           keys{k}, counts{k}, suffix{k} (filearray.FileArray), and for each run the
-                          merged id of each of its keys
-    chunk c again      -> each position's id at order k: its rank in run c through run c's merged ids;
-                          a file that the next order reads as its prefixes
+                          merged id of each of its keys (runmap{k}-{c})
+    order k+1, chunk c -> each position's prefix id: its rank in run c through run c's merged ids
 
 Only one chunk's positions and one window per run are in memory. The unigram
 counts (vocabulary-sized) stay in memory. `count_to_files` leaves the per-order tables in the folder
@@ -33,6 +32,7 @@ from seqlm.ngram.filearray import Appender, FileArray
 
 BYTES_PER_POSITION = 256  # measured: ~200 bytes per position at the peak of counting (the sort and its inputs)
 RUN_FIELDS = 3  # key, count, suffix: int64 each
+RANK = np.dtype(np.int32)  # a position's rank in its chunk's run: below a chunk's positions (memory // 256)
 
 
 def chunk_bounds(starts: np.ndarray, max_positions: int) -> list[tuple[int, int]]:
@@ -125,7 +125,7 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
     suffix{k} in `folder`), the unigrams in memory."""
     V = vocab_size
     starts = np.asarray(stream.starts, dtype=np.int64)
-    bounds = chunk_bounds(starts, max(1024, memory // BYTES_PER_POSITION))
+    bounds = chunk_bounds(starts, max(1024, min(memory // BYTES_PER_POSITION, 2**31 - 1)))  # ranks fit RANK
     unigram = np.zeros(V, dtype=np.int64)
     for s0, s1 in bounds:
         unigram += np.bincount(_chunk(stream, s0, s1, bos_id)[0], minlength=V)
@@ -135,63 +135,54 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
         keys.append(k_keys)
         counts.append(k_counts)
         suffix.append(k_suffix)
-        if k > 2:
-            (folder / f"ids{k - 1}.bin").unlink()
+        if k > 2:  # order k-1's ranks and run maps have served as order k's prefixes
+            for f in [folder / f"rank{k - 1}.bin", *(folder / f"runmap{k - 1}-{c}.bin" for c in range(len(bounds)))]:
+                f.unlink(missing_ok=True)
     return NGramCounts(V, bos_id, keys, counts, suffix)
 
 
-def _prev_ids(stream, s0, s1, bos_id, k, folder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """seq, pos and the id at order k-1 of the (k-1)-gram ending at each position of the chunk."""
+def _prev_ids(stream, bounds, c, bos_id, k, folder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """seq, pos and the id at order k-1 of the (k-1)-gram ending at each position of chunk c: its rank in
+    chunk c's run of order k-1 through that run's merged ids (one run: the rank is the id)."""
+    s0, s1 = bounds[c]
     seq, pos = _chunk(stream, s0, s1, bos_id)
     if k == 2:
         return seq, pos, seq
-    with open(folder / f"ids{k - 1}.bin", "rb") as f:
-        f.seek((int(stream.starts[s0]) + s0) * 8)
-        return seq, pos, np.fromfile(f, dtype=np.int64, count=len(seq))
+    with open(folder / f"rank{k - 1}.bin", "rb") as f:
+        f.seek((int(stream.starts[s0]) + s0) * RANK.itemsize)
+        rank = np.fromfile(f, dtype=RANK, count=len(seq))  # (L,) -1 where no (k-1)-gram ends
+    if len(bounds) == 1:
+        return seq, pos, rank.astype(np.int64)
+    merged_id = np.fromfile(folder / f"runmap{k - 1}-{c}.bin", dtype=np.int64)  # (keys of run c,)
+    return seq, pos, np.where(rank >= 0, merged_id[np.maximum(rank, 0)], -1)
 
 
 def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool
                  ) -> tuple[FileArray, FileArray, FileArray]:
     """Sorted runs of one order, one per chunk, merged into keys{k}, counts{k}, suffix{k}; with_ids (below
-    the highest order): also ids{k}, each position's id at order k (-1 where no k-gram ends)."""
+    the highest order): also rank{k} (each position's rank in its chunk's run) and the runs' merged ids."""
     runs = _Runs(folder, k)
     out = [Appender(folder / f"{name}{k}.bin", np.int64) for name in ("keys", "counts", "suffix")]
-    with Appender(folder / f"local{k}.bin", np.int64) as local:
-        for s0, s1 in bounds:
-            seq, pos, gram = _prev_ids(stream, s0, s1, bos_id, k, folder)
-            at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
-            key = gram[at - 1] * V + seq[at]  # (P,)
-            uniq, first, inverse, cnt = unique(key, overwrite=True)  # (np.unique's result, faster: counts.py)
-            columns = (uniq, cnt, gram[at[first]])
-            if len(bounds) > 1:
-                runs.add(*columns)
-            else:
-                for o, column in zip(out, columns, strict=True):
-                    o.add(column)
-            if with_ids:
-                rank = np.full(len(seq), -1, dtype=np.int64)  # (L,) each position's rank in this chunk's run
-                rank[at] = inverse
-                local.add(rank)
+    ranks = Appender(folder / f"rank{k}.bin", RANK) if with_ids else None
+    for c in range(len(bounds)):
+        seq, pos, gram = _prev_ids(stream, bounds, c, bos_id, k, folder)
+        at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
+        key = gram[at - 1] * V + seq[at]  # (P,)
+        uniq, first, inverse, cnt = unique(key, overwrite=True, inverse=with_ids)  # np.unique's, faster
+        columns = (uniq, cnt, gram[at[first]])
+        if len(bounds) > 1:
+            runs.add(*columns)
+        else:
+            for o, column in zip(out, columns, strict=True):
+                o.add(column)
+        if ranks is not None:
+            rank = np.full(len(seq), -1, dtype=RANK)  # (L,) each position's rank in this chunk's run
+            rank[at] = inverse
+            ranks.add(rank)
+    if ranks is not None:
+        ranks.__exit__()
     if len(bounds) > 1:  # ~10x the windows at the peak
         runs.merge(max(1024, memory // (12 * RUN_FIELDS * 8 * len(runs.sizes))), out, ids=with_ids)
     for o in out:
         o.__exit__()
-    if with_ids:
-        _write_ids(stream, bounds, k, folder, len(bounds) > 1)
-    else:
-        (folder / f"local{k}.bin").unlink()
     return out[0].array, out[1].array, out[2].array
-
-
-def _write_ids(stream, bounds, k, folder, merged: bool) -> None:
-    """ids{k}: each position's rank in its chunk's run, through that run's merged ids (one run: itself)."""
-    if not merged:
-        (folder / f"local{k}.bin").rename(folder / f"ids{k}.bin")
-        return
-    with Appender(folder / f"ids{k}.bin", np.int64) as ids, open(folder / f"local{k}.bin", "rb") as local:
-        for c, (s0, s1) in enumerate(bounds):
-            rank = np.fromfile(local, dtype=np.int64, count=int(stream.starts[s1] - stream.starts[s0]) + s1 - s0)
-            merged_id = np.fromfile(folder / f"runmap{k}-{c}.bin", dtype=np.int64)  # (run c's keys,)
-            ids.add(np.where(rank >= 0, merged_id[np.maximum(rank, 0)], -1))  # (L,)
-            (folder / f"runmap{k}-{c}.bin").unlink()
-    (folder / f"local{k}.bin").unlink()
