@@ -48,18 +48,21 @@ def chunk_bounds(starts: np.ndarray, max_positions: int) -> list[tuple[int, int]
     return bounds
 
 
-def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """seq and pos (counts.with_sentence_starts) of sentences s0..s1-1, read from the id cache."""
+def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int, k: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """seq (counts.with_sentence_starts) of sentences s0..s1-1, read from the id cache, and the positions in
+    it that end an order-k n-gram: at least k-1 after their sentence's <s> (marked per sentence, not per
+    position)."""
     starts = np.asarray(stream.starts[s0 : s1 + 1], dtype=np.int64)  # (S+1,)
     ids = np.asarray(stream.ids[starts[0] : starts[-1]], dtype=np.int64)  # (N,) one chunk, copied
-    lengths = np.diff(starts)
-    bos_at = (starts[:-1] - starts[0]) + np.arange(len(lengths))
+    lengths = np.diff(starts)  # (S,)
+    bos_at = (starts[:-1] - starts[0]) + np.arange(len(lengths))  # (S,)
     seq = np.empty(len(ids) + len(lengths), dtype=np.int64)
-    is_word = np.ones(len(seq), dtype=bool)
-    is_word[bos_at] = False
-    seq[is_word], seq[bos_at] = ids, bos_id
-    pos = np.arange(len(seq)) - np.repeat(bos_at, lengths + 1)
-    return seq, pos
+    ends = np.ones(len(seq), dtype=bool)  # (L,)
+    ends[bos_at] = False
+    seq[ends], seq[bos_at] = ids, bos_id
+    for d in range(1, k - 1):  # the first k-2 words of a sentence end no k-gram either
+        ends[(bos_at + d)[lengths >= d]] = False
+    return seq, np.flatnonzero(ends) if k > 1 else np.zeros(0, dtype=np.int64)
 
 
 class _Runs:
@@ -142,19 +145,20 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
 
 
 def _prev_ids(stream, bounds, c, bos_id, k, folder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """seq, pos and the id at order k-1 of the (k-1)-gram ending at each position of chunk c: its rank in
-    chunk c's run of order k-1 through that run's merged ids (one run: the rank is the id)."""
+    """seq, the positions that end an order-k n-gram, and the id at order k-1 of the (k-1)-gram ending at
+    each position of chunk c: its rank in chunk c's run of order k-1 through that run's merged ids (one
+    run: the rank is the id)."""
     s0, s1 = bounds[c]
-    seq, pos = _chunk(stream, s0, s1, bos_id)
+    seq, at = _chunk(stream, s0, s1, bos_id, k)
     if k == 2:
-        return seq, pos, seq
+        return seq, at, seq
     with open(folder / f"rank{k - 1}.bin", "rb") as f:
         f.seek((int(stream.starts[s0]) + s0) * RANK.itemsize)
         rank = np.fromfile(f, dtype=RANK, count=len(seq))  # (L,) -1 where no (k-1)-gram ends
     if len(bounds) == 1:
-        return seq, pos, rank.astype(np.int64)
+        return seq, at, rank.astype(np.int64)
     merged_id = np.fromfile(folder / f"runmap{k - 1}-{c}.bin", dtype=np.int64)  # (keys of run c,)
-    return seq, pos, np.where(rank >= 0, merged_id[np.maximum(rank, 0)], -1)
+    return seq, at, np.append(merged_id, -1)[rank]  # rank -1 reads the appended -1
 
 
 def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool
@@ -165,8 +169,7 @@ def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool
     out = [Appender(folder / f"{name}{k}.bin", np.int64) for name in ("keys", "counts", "suffix")]
     ranks = Appender(folder / f"rank{k}.bin", RANK) if with_ids else None
     for c in range(len(bounds)):
-        seq, pos, gram = _prev_ids(stream, bounds, c, bos_id, k, folder)
-        at = np.flatnonzero(pos >= k - 1)  # (P,) positions that end an order-k n-gram
+        seq, at, gram = _prev_ids(stream, bounds, c, bos_id, k, folder)  # at: (P,) positions ending a k-gram
         key = gram[at - 1] * V + seq[at]  # (P,)
         uniq, first, inverse, cnt = unique(key, overwrite=True, inverse=with_ids)  # np.unique's, faster
         columns = (uniq, cnt, gram[at[first]])
