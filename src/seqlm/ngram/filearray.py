@@ -5,7 +5,7 @@ A FileArray is never memory-mapped: mapping a table would cost its whole size in
 offset. The access patterns the estimator needs, each within a fixed memory budget:
 
 - a slice, or `take_sorted` (non-decreasing ids: a context's table row for each of its n-grams);
-- `windowed_map`: out[i] = f(table, q[i]) for queries in any order (p of the suffix, the id of a key):
+- `windowed_map`: out[i] = f(table, q[i]) for queries in any order (p of each n-gram's suffix):
   the table is read window by window and the queries streamed once per window, each window filling
   the answers that fall in it (one pass when the table fits the budget);
 - `windowed_bincount`: counts of query values over the table's rows, window by window.
@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-
-from seqlm.ngram.counts import sort_keys
 
 SPAN = 1 << 20  # most rows one take_sorted read may cover
 
@@ -138,18 +136,6 @@ def gather_answer(rows: np.ndarray, w0: int, q: np.ndarray) -> tuple[np.ndarray,
     """windowed_map's answer for out[i] = table[q[i]] (q[i] < 0 stays `fill`)."""
     mask = (q >= w0) & (q < w0 + len(rows))
     return mask, rows[q[mask] - w0]
-
-
-def search_answer(rows: np.ndarray, w0: int, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """windowed_map's answer for out[i] = the id of key q[i] in a sorted table that holds it."""
-    if len(rows) == 0:
-        return np.zeros(len(q), dtype=bool), np.zeros(0, dtype=np.int64)
-    mask = (q >= rows[0]) & (q <= rows[-1])
-    wanted = q[mask]  # (m,) sorted in place below: sorted needles search ~10x faster
-    order = sort_keys(wanted, stable_argsort=True)  # (m,)
-    found = np.empty(len(wanted), dtype=np.int64)
-    found[order] = w0 + np.searchsorted(rows, wanted)
-    return mask, found
 
 
 def windowed_bincount(values: Table, bins: int, out: str | Path, window: int, chunk: int) -> FileArray:
