@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from seqlm.config import choice, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
+from seqlm.nn.cross_entropy import linear_cross_entropy
 from seqlm.nn.nce import NCE
 from seqlm.nn.sparse_code import CodeBook, CodedEmbedding, CodedLinear, SparseCodes, codes_for_vocab
 
@@ -68,6 +69,8 @@ class FullSoftmax(nn.Module):
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
         if self.nce is not None:
             return self.nce.loss(self.proj, h, targets)  # (N,)
+        if type(self.proj) is nn.Linear and torch.is_grad_enabled():
+            return linear_cross_entropy(h, self.proj.weight, self.proj.bias, targets)  # (N,) seqlm.nn.cross_entropy
         return -self.target_log_probs(h, targets)
 
 

@@ -1,0 +1,72 @@
+"""The fused output-layer cross-entropy (seqlm.nn.cross_entropy) against autograd's linear + cross_entropy."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqlm.nn import FullSoftmax
+from seqlm.nn.cross_entropy import BLOCK, linear_cross_entropy
+
+
+def _case(n=2 * BLOCK + 7, hidden=8, vocab=53, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, hidden, generator=g, dtype=torch.float64)  # float64: the reference is exact to ~1e-15
+    w = torch.randn(vocab, hidden, generator=g, dtype=torch.float64)
+    b = torch.randn(vocab, generator=g, dtype=torch.float64) if bias else None
+    t = torch.randint(0, vocab, (n,), generator=g)
+    up = torch.rand(n, generator=g, dtype=torch.float64)  # a gradient that differs per row
+    return h, w, b, t, up
+
+
+def _grads(fn, h, w, b, t, up, dtype):
+    leaves = [x.detach().to(dtype).clone().requires_grad_() if x is not None else None for x in (h, w, b)]
+    loss = fn(*leaves, t)
+    (loss.double() * up).sum().backward()
+    return loss.detach().double(), [x.grad.double() if x is not None else None for x in leaves]
+
+
+def _reference(h, w, b, t):
+    return F.cross_entropy(F.linear(h, w, b), t, reduction="none")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_losses_and_gradients_equal_autograd(bias):
+    case = _case(bias=bias)
+    ref_loss, ref_grads = _grads(_reference, *case, torch.float64)
+    loss, grads = _grads(linear_cross_entropy, *case, torch.float32)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, ref_grads, strict=True):
+        if want is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_autocast_is_close_to_fp32():
+    case = _case(n=3 * BLOCK, hidden=32, vocab=301, seed=1)
+    ref_loss, ref_grads = _grads(_reference, *case, torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, grads = _grads(linear_cross_entropy, *case, torch.float32)
+    assert loss.dtype == torch.float64 and grads[1].shape == ref_grads[1].shape
+    assert (loss - ref_loss).abs().max() < 0.1 * ref_loss.abs().mean()  # bf16 has 8 mantissa bits
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert (got - want).norm() < 0.05 * want.norm()
+
+
+def test_backward_twice_is_refused():
+    h, w, b, t, _ = _case()
+    loss = linear_cross_entropy(h.float().requires_grad_(), w.float(), b.float(), t).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="inplace operation"):  # the logits became their gradient
+        loss.backward()
+
+
+def test_full_softmax_trains_with_it_and_evaluates_exactly():
+    torch.manual_seed(0)
+    layer = FullSoftmax(hidden=6, vocab_size=40)
+    h, t = torch.randn(50, 6), torch.randint(0, 40, (50,))
+    loss = layer.loss(h, t)
+    assert loss.grad_fn is not None and "LinearCrossEntropy" in type(loss.grad_fn).__name__
+    torch.testing.assert_close(loss, -layer.target_log_probs(h, t), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # evaluation takes autograd's path and gives the same figure
+        torch.testing.assert_close(layer.loss(h, t), loss.detach(), rtol=1e-5, atol=1e-5)
