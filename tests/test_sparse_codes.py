@@ -122,6 +122,30 @@ def test_coded_layers_equal_dense_products(free_bias):
     assert torch.allclose(w, (X @ out.base)[[4, 5]], atol=1e-6) and torch.allclose(b, bias[[4, 5]], atol=1e-6)
 
 
+@pytest.mark.parametrize("free_bias", [False, True])
+def test_coded_output_trains_through_the_fused_cross_entropy(free_bias):
+    """FullSoftmax.loss on a CodedLinear takes seqlm.nn.cross_entropy; its gradients reach D and the biases
+    as autograd's linear + cross_entropy on the same layer would send them."""
+    from seqlm.nn import FullSoftmax
+
+    torch.manual_seed(0)
+    vocab, codes, _ = _codes_fixture()
+    layer = FullSoftmax(3, len(vocab), CodedLinear(codes, 3, free_bias))
+    with torch.no_grad():
+        layer.proj.bias.normal_()
+    h, t = torch.randn(7, 3), torch.tensor([4, 0, 5, 2, 3, 1, 4])
+    grads = []
+    autograd = lambda: torch.nn.functional.cross_entropy(layer.proj(h), t, reduction="none")  # noqa: E731
+    for loss in (lambda: layer.loss(h, t), autograd):
+        layer.zero_grad()
+        value = loss()
+        (value * torch.arange(1.0, 8.0)).sum().backward()
+        grads.append((value.detach(), layer.proj.base.grad.clone(), layer.proj.bias.grad.clone()))
+    assert "LinearCrossEntropy" in type(layer.loss(h, t).grad_fn).__name__
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_compressed_bias_with_prior_is_code_bias_plus_fixed_log_unigram(tmp_path):
     """--code-bias-prior: b_i = c^T x_i + log u_i with log u_i a buffer (not trained, V-independent parameters);
     through build_output with NCE every word starts at its own unigram log-probability (c = 0), where the

@@ -69,8 +69,10 @@ class FullSoftmax(nn.Module):
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
         if self.nce is not None:
             return self.nce.loss(self.proj, h, targets)  # (N,)
-        if type(self.proj) is nn.Linear and torch.is_grad_enabled():
-            return linear_cross_entropy(h, self.proj.weight, self.proj.bias, targets)  # (N,) seqlm.nn.cross_entropy
+        if torch.is_grad_enabled() and type(self.proj) in (nn.Linear, CodedLinear):
+            weight, bias = (self.proj.weight, self.proj.bias) if type(self.proj) is nn.Linear \
+                else self.proj.weight_and_bias()  # (V, H), (V,)
+            return linear_cross_entropy(h, weight, bias, targets)  # (N,) seqlm.nn.cross_entropy
         return -self.target_log_probs(h, targets)
 
 

@@ -191,9 +191,13 @@ class CodedLinear(nn.Module):
     def rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         return self.codes.rows(ids, self.base), self._bias_rows(ids)  # (N, H), (N,)
 
+    def weight_and_bias(self) -> tuple[Tensor, Tensor]:
+        """The dense (V, H) weights and (V,) biases, rebuilt from D and the codes (differentiable)."""
+        return self.codes.all_rows(self.base), self._bias_rows(None)
+
     def forward(self, h: Tensor) -> Tensor:
-        weight = self.codes.all_rows(self.base)  # (V, H), rebuilt per call from D and the codes
-        return F.linear(h, weight.to(h.dtype), self._bias_rows(None).to(h.dtype))  # (N, V)
+        weight, bias = self.weight_and_bias()  # (V, H), (V,)
+        return F.linear(h, weight.to(h.dtype), bias.to(h.dtype))  # (N, V)
 
 
 def linear_rows(proj: nn.Module, ids: Tensor) -> tuple[Tensor, Tensor]:
