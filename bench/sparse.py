@@ -65,6 +65,7 @@ NCE = ["--objective", "nce", "--noise-samples", "100", "--noise-sharing", "token
 NCE_BATCH = [*NCE[:-1], "batch"]  # one draw of k noise words shared by the whole batch: cheaper, and worse here
 VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "full": [],
+    "full-bf16": ["--precision", "bf16"],  # (a) under bf16 autocast: what bf16 training costs in perplexity
     "nce": [*NCE, "--normaliser", "one"],
     "nce-zreg": [*NCE, "--normaliser", "regression"],
     # compressed models are trained as in the paper: NCE with ZRegression (a softmax over the rebuilt
@@ -190,8 +191,9 @@ def _test(out: Path, test_file: Path, recurrent: bool) -> dict:
 
 def _lstm_setup(corpus: str, flags: list[str], data_cfg: DataConfig, vocab, args) -> LSTMConfig:
     cfg = LSTMConfig()
-    apply_overrides([cfg, data_cfg], dict(zip(flags[::2], flags[1::2], strict=True))
-                    | {"threads": str(args.threads), "precision": args.precision})
+    # a row's own --precision (the bf16 twin of a row) wins over the command line's
+    apply_overrides([cfg, data_cfg], {"threads": str(args.threads), "precision": args.precision}
+                    | dict(zip(flags[::2], flags[1::2], strict=True)))
     return cfg
 
 
@@ -223,6 +225,7 @@ def _lstm_row(name: str, corpus: str, out: Path, vocab, train, valid, test_file:
     best = seqlm.load(out)
     layers = parameters_by_layer(best)
     secs = sum(h["epoch_seconds"] for h in hist)
+    config = json.loads((out / "config.json").read_text())["model"]
     return {
         "name": name, "corpus": corpus, "vocab_size": len(vocab), "train_tokens": int(len(train.ids)),
         "valid_tokens": int(len(valid.ids)), **_test(out, test_file, recurrent=True),
@@ -234,8 +237,8 @@ def _lstm_row(name: str, corpus: str, out: Path, vocab, train, valid, test_file:
         "wall_seconds": hist[-1]["wall_seconds"] if hist else 0.0, "train_peak_rss_mb": round(train_rss, 1),
         "curve": [{k: h[k] for k in h if k in ("epoch", "train_ppl", "valid_ppl") or k.startswith("log_z")}
                   for h in hist],
-        "flags": flags, "config": json.loads((out / "config.json").read_text())["model"],
-        "precision": args.precision, "threads": args.threads, "resumed": resumed, **extra,
+        "flags": flags, "config": config,
+        "precision": config["train"]["precision"], "threads": args.threads, "resumed": resumed, **extra,
     }
 
 

@@ -42,6 +42,15 @@ def test_losses_and_gradients_equal_autograd(bias):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_float64_layers_stay_float64():
+    case = _case()
+    ref_loss, ref_grads = _grads(_reference, *case, torch.float64)
+    loss, grads = _grads(linear_cross_entropy, *case, torch.float64)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_bf16_autocast_is_close_to_fp32():
     case = _case(n=3 * BLOCK, hidden=32, vocab=301, seed=1)
     ref_loss, ref_grads = _grads(_reference, *case, torch.float64)

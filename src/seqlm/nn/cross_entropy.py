@@ -25,10 +25,11 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor) -> Tensor:
         logits = F.linear(h, weight, bias)  # (N, V): bf16 under autocast, else the parameters' dtype
-        log_z = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)  # (N,)
+        acc = torch.promote_types(logits.dtype, torch.float32)  # reductions in fp32 at least (fp64 stays)
+        log_z = torch.empty(h.shape[0], dtype=acc, device=h.device)  # (N,)
         for i in range(0, h.shape[0], BLOCK):
-            log_z[i:i + BLOCK] = torch.logsumexp(logits[i:i + BLOCK].float(), dim=1)
-        target_logit = logits.gather(1, targets[:, None]).squeeze(1).float()  # (N,)
+            log_z[i:i + BLOCK] = torch.logsumexp(logits[i:i + BLOCK].to(acc), dim=1)
+        target_logit = logits.gather(1, targets[:, None]).squeeze(1).to(acc)  # (N,)
         ctx.has_bias = bias is not None
         ctx.save_for_backward(h, weight, targets, logits, log_z)
         return log_z - target_logit  # (N,)
@@ -38,11 +39,11 @@ class LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         # the logits are overwritten below: a second backward (retain_graph) fails autograd's version check
         h, weight, targets, logits, log_z = ctx.saved_tensors
-        grad = grad.float()
-        grad_bias = torch.zeros(logits.shape[1], dtype=torch.float32, device=h.device) if ctx.has_bias else None
+        grad = grad.to(log_z.dtype)
+        grad_bias = torch.zeros(logits.shape[1], dtype=log_z.dtype, device=h.device) if ctx.has_bias else None
         for i in range(0, h.shape[0], BLOCK):
             rows = slice(i, i + BLOCK)
-            p = logits[rows].float().sub_(log_z[rows, None]).exp_()  # (c, V) softmax
+            p = logits[rows].to(log_z.dtype).sub_(log_z[rows, None]).exp_()  # (c, V) softmax
             p[torch.arange(p.shape[0], device=p.device), targets[rows]] -= 1.0
             p.mul_(grad[rows, None])  # (c, V) dloss/dlogits
             if grad_bias is not None:

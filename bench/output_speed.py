@@ -1,0 +1,62 @@
+"""Training speed of every vocabulary-sized output layer of the full-corpus GCIDE recipe (bench/sparse.py's
+`gcide-all-*` rows: V = 61k, the same 2 x 200 LSTM, 32 x 20 batches of the whole training split), in fp32
+and in bf16, all measured in this one run, so that speed compares on equal terms even where the long rows
+ran at different precisions or on different machines.
+
+    python bench/output_speed.py --threads 1 [--seconds 60]
+
+Each row trains a fresh model from the start of the training split through the family's own batches and
+step (common.train_speed: 3 warm-up steps, then `--seconds` of training). `vs_full` is the row's words/s
+over the full softmax's at the same precision; `vs_full_fp32` over the fp32 full softmax's. The codes rows
+use the skip-gram vectors and sparse codes of the training split that the `gcide-all-codes-*` rows use
+(built first if absent; bench/sparse.py `_codes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import sparse
+from seqlm.nn.softmax import parameters_by_layer
+from seqlm.train.precision import native_bf16
+
+from common import merge_rows, train_speed
+
+VARIANTS = ("full", "nce", "nce-zreg", "adaptive", "class", "codes-ibias")
+
+
+def measure(variant: str, precision: str, data, codes: str, args) -> dict:
+    _, data_cfg, vocab, train, _, _ = data
+    flags = [codes if f == "{codes}" else f for f in [*sparse.ALL_ENCODER, *sparse.ALL_VARIANTS[variant]]]
+    cfg = sparse._lstm_setup("gcide", flags, data_cfg, vocab, argparse.Namespace(threads=args.threads,
+                                                                                 precision=precision))
+    torch.manual_seed(0)
+    words_per_s, model = train_speed("lstm", cfg, vocab, train, args.seconds)
+    return {"name": f"speed-{variant}-{precision}", "variant": variant, "precision": precision,
+            "train_words_per_s": words_per_s, "seconds": args.seconds, "flags": flags,
+            "embed_output_params": parameters_by_layer(model)["embedding+output"], "threads": args.threads}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seconds", type=float, default=60.0, help="training time measured per row")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    data = sparse._all_data("gcide")
+    codes, info = sparse._codes("gcide", data[0], args.threads, sparse.ALL_WORK)
+    precisions = ("fp32", "bf16") if native_bf16() or torch.cuda.is_available() else ("fp32",)
+    rows = [measure(v, prec, data, str(codes), args) for prec in precisions for v in VARIANTS]
+    for r in rows:
+        base = {q["precision"]: q["train_words_per_s"] for q in rows if q["variant"] == "full"}
+        r["vs_full"] = r["train_words_per_s"] / base[r["precision"]]
+        r["vs_full_fp32"] = r["train_words_per_s"] / base["fp32"]
+        print(f"{r['name']:>18}  {r['train_words_per_s']:8.0f} words/s  {r['vs_full']:5.2f}x full", flush=True)
+    rows[-1]["codes_stage"] = info
+    merge_rows("output_speed", rows)
+
+
+if __name__ == "__main__":
+    main()
