@@ -7,7 +7,9 @@ ran at different precisions or on different machines.
 
 Each row trains a fresh model from the start of the training split through the family's own batches and
 step (common.train_speed: 3 warm-up steps, then `--seconds` of training). `vs_full` is the row's words/s
-over the full softmax's at the same precision; `vs_full_fp32` over the fp32 full softmax's. The codes rows
+over the full softmax's at the same precision; `vs_full_fp32` over the fp32 full softmax's. `full-unfused`
+is the full softmax through autograd's linear + cross_entropy instead of seqlm.nn.cross_entropy (what
+training did before it): the fused layer's gain, measured in the same run. The codes rows
 use the skip-gram vectors and sparse codes of the training split that the `gcide-all-codes-*` rows use
 (built first if absent; bench/sparse.py `_codes`).
 """
@@ -17,23 +19,36 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch.nn.functional as F
 
 import sparse
+from seqlm.nn import softmax
 from seqlm.nn.softmax import parameters_by_layer
 from seqlm.train.precision import native_bf16
 
 from common import merge_rows, train_speed
 
-VARIANTS = ("full", "nce", "nce-zreg", "adaptive", "class", "codes-ibias")
+VARIANTS = ("full", "full-unfused", "nce", "nce-zreg", "adaptive", "class", "codes-ibias")
+
+
+def autograd_cross_entropy(h, weight, bias, targets):
+    """The unfused path: (N, V) logits upcast, then log-softmax and nll_loss through autograd."""
+    return F.cross_entropy(F.linear(h, weight, bias).float(), targets, reduction="none")  # (N,)
 
 
 def measure(variant: str, precision: str, data, codes: str, args) -> dict:
     _, data_cfg, vocab, train, _, _ = data
-    flags = [codes if f == "{codes}" else f for f in [*sparse.ALL_ENCODER, *sparse.ALL_VARIANTS[variant]]]
+    layer = sparse.ALL_VARIANTS[variant.removesuffix("-unfused")]
+    flags = [codes if f == "{codes}" else f for f in [*sparse.ALL_ENCODER, *layer]]
     cfg = sparse._lstm_setup("gcide", flags, data_cfg, vocab, argparse.Namespace(threads=args.threads,
                                                                                  precision=precision))
     torch.manual_seed(0)
-    words_per_s, model = train_speed("lstm", cfg, vocab, train, args.seconds)
+    fused = softmax.linear_cross_entropy
+    softmax.linear_cross_entropy = autograd_cross_entropy if variant.endswith("-unfused") else fused
+    try:
+        words_per_s, model = train_speed("lstm", cfg, vocab, train, args.seconds)
+    finally:
+        softmax.linear_cross_entropy = fused
     return {"name": f"speed-{variant}-{precision}", "variant": variant, "precision": precision,
             "train_words_per_s": words_per_s, "seconds": args.seconds, "flags": flags,
             "embed_output_params": parameters_by_layer(model)["embedding+output"], "threads": args.threads}

@@ -18,6 +18,8 @@ from seqlm.data.vocab import Vocab
 from seqlm.eval.perplexity import score_tokens
 from seqlm.models.lstm import LSTMConfig, build_lstm
 from seqlm.nn.softmax import VocabLayerConfig, parameters_by_layer
+from seqlm.protocol import Batch
+from seqlm.train.precision import cpu_bf16_runs
 
 SENTS = [["a", "b", "c"], ["b", "b"], ["c", "a", "d", "a", "b"], ["d"]]
 
@@ -55,6 +57,24 @@ def test_batched_sentence_scores_equal_step_by_step(kw):
     stream = encode_sentences(SENTS, vocab)
     got = score_tokens(model, stream).logp
     assert np.allclose(got, _reference(model, vocab, stream=False), atol=1e-9)
+
+
+@pytest.mark.parametrize("kw", [{}, {"output": "class", "classes": 2}, {"output": "adaptive", "cutoffs": "2,4"},
+                                {"vocab_layers": VocabLayerConfig(objective="nce", normaliser="regression")}])
+def test_every_output_layer_trains_under_bf16_autocast(kw):
+    """--precision bf16 trains every output layer (torch's adaptive softmax once failed under autocast)."""
+    if not cpu_bf16_runs(torch.nn.LSTM):
+        pytest.skip("this CPU cannot run torch's LSTM in bf16")
+    vocab = Vocab(["</s>", "<unk>", "a", "b", "c", "d"], [4, 0, 4, 4, 2, 2])
+    torch.manual_seed(0)
+    model = build_lstm(LSTMConfig(hidden=8, layers=2, **kw), vocab).train()
+    ids = torch.as_tensor(encode_sentences(SENTS, vocab).ids[:13]).view(1, 13)  # (1, 13)
+    b = Batch(ids[:, :-1], ids[:, 1:], torch.ones(1, 12, dtype=torch.bool), torch.zeros(1, 12, dtype=torch.bool))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, _, loss = model(b, None)  # (1, 12)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and all(torch.isfinite(p.grad).all() for p in model.parameters()
+                                              if p.grad is not None)
 
 
 def test_stream_mode_carries_state_and_equals_step_by_step():

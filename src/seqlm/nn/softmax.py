@@ -238,7 +238,9 @@ class AdaptiveSoftmax(nn.Module):
         self.asm = nn.AdaptiveLogSoftmaxWithLoss(hidden, len(order), cutoffs, div_value=div_value, head_bias=True)
 
     def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
-        return self.asm(_upcast(h), self.word_to_rank[targets]).output  # (N,)
+        # torch's module mixes its cluster outputs with index_copy_, which fails on bf16 under autocast: fp32
+        with torch.autocast(h.device.type, enabled=False):
+            return self.asm(_upcast(h), self.word_to_rank[targets]).output  # (N,)
 
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
         return -self.target_log_probs(h, targets)  # (N,)
