@@ -404,12 +404,15 @@ def plot_all(rows: list[dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 6))
     for r in curves:
         c = r["time_curve"]
-        label = r["name"].removeprefix("gcide-all-") + (" (running)" if r.get("in_progress") else "")
+        label = (r["name"].removeprefix("gcide-all-") + f" ({r.get('precision', 'fp32')}, {r.get('git_rev', '?')})"
+                 + (" (running)" if r.get("in_progress") else ""))
         ax.plot([p["train_seconds"] / 60 for p in c], [p["valid_ppl"] for p in c], marker="o", label=label)
     kn = next((r for r in rows if r["name"] == "gcide-all-kn5" and "test_ppl" in r), None)
     if kn:
         ax.axhline(kn["test_ppl"], color="gray", linestyle="--", label=f"KN5 (test) {kn['test_ppl']:.1f}")
-    ax.set(title="GCIDE, whole corpus: valid perplexity against training time (1 thread)",
+    # the rows ran at different precisions, revisions, machines and loads: the legend says which;
+    # bench/results/output_speed.json compares their speeds in one run
+    ax.set(title="GCIDE, whole corpus: valid perplexity against training time (1 thread, as each row ran)",
            xlabel="training minutes (validation excluded)", ylabel="valid perplexity (exact)", yscale="log")
     ax.legend(fontsize=8)
     fig.tight_layout()
