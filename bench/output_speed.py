@@ -64,8 +64,8 @@ def main() -> None:
     codes, info = sparse._codes("gcide", data[0], args.threads, sparse.ALL_WORK)
     precisions = ("fp32", "bf16") if native_bf16() or torch.cuda.is_available() else ("fp32",)
     rows = [measure(v, prec, data, str(codes), args) for prec in precisions for v in VARIANTS]
+    base = {q["precision"]: q["train_words_per_s"] for q in rows if q["variant"] == "full"}
     for r in rows:
-        base = {q["precision"]: q["train_words_per_s"] for q in rows if q["variant"] == "full"}
         r["vs_full"] = r["train_words_per_s"] / base[r["precision"]]
         r["vs_full_fp32"] = r["train_words_per_s"] / base["fp32"]
         print(f"{r['name']:>18}  {r['train_words_per_s']:8.0f} words/s  {r['vs_full']:5.2f}x full", flush=True)

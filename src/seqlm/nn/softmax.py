@@ -31,7 +31,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.nn.cross_entropy import linear_cross_entropy
 from seqlm.nn.nce import NCE
-from seqlm.nn.sparse_code import CodeBook, CodedEmbedding, CodedLinear, SparseCodes, codes_for_vocab
+from seqlm.nn.sparse_code import CodeBook, CodedEmbedding, CodedLinear, SparseCodes, codes_for_vocab, linear_rows
 
 
 def _upcast(x: Tensor) -> Tensor:
@@ -69,9 +69,8 @@ class FullSoftmax(nn.Module):
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
         if self.nce is not None:
             return self.nce.loss(self.proj, h, targets)  # (N,)
-        if torch.is_grad_enabled() and type(self.proj) in (nn.Linear, CodedLinear):
-            weight, bias = (self.proj.weight, self.proj.bias) if type(self.proj) is nn.Linear \
-                else self.proj.weight_and_bias()  # (V, H), (V,)
+        if torch.is_grad_enabled() and isinstance(self.proj, (nn.Linear, CodedLinear)):
+            weight, bias = linear_rows(self.proj, None)  # (V, H), (V,)
             return linear_cross_entropy(h, weight, bias, targets)  # (N,) seqlm.nn.cross_entropy
         return -self.target_log_probs(h, targets)
 

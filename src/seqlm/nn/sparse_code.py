@@ -188,20 +188,20 @@ class CodedLinear(nn.Module):
             out = out + (self.prior if ids is None else self.prior[ids])
         return out
 
-    def rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        return self.codes.rows(ids, self.base), self._bias_rows(ids)  # (N, H), (N,)
-
-    def weight_and_bias(self) -> tuple[Tensor, Tensor]:
-        """The dense (V, H) weights and (V,) biases, rebuilt from D and the codes (differentiable)."""
-        return self.codes.all_rows(self.base), self._bias_rows(None)
+    def rows(self, ids: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Weights and biases of the words `ids` ((N, H), (N,)), or of every word (None: (V, H), (V,)),
+        rebuilt from D and the codes (differentiable)."""
+        weight = self.codes.all_rows(self.base) if ids is None else self.codes.rows(ids, self.base)
+        return weight, self._bias_rows(ids)
 
     def forward(self, h: Tensor) -> Tensor:
-        weight, bias = self.weight_and_bias()  # (V, H), (V,)
+        weight, bias = self.rows(None)  # (V, H), (V,)
         return F.linear(h, weight.to(h.dtype), bias.to(h.dtype))  # (N, V)
 
 
-def linear_rows(proj: nn.Module, ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Weights (N, H) and biases (N,) of the output words `ids`, for nn.Linear and CodedLinear alike."""
+def linear_rows(proj: nn.Module, ids: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Weights (N, H) and biases (N,) of the output words `ids` (None: every word), for nn.Linear and
+    CodedLinear alike."""
     if isinstance(proj, nn.Linear):
-        return proj.weight[ids], proj.bias[ids]
+        return (proj.weight, proj.bias) if ids is None else (proj.weight[ids], proj.bias[ids])
     return proj.rows(ids)
