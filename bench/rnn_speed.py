@@ -5,6 +5,7 @@ and the reference C++ toolkit, faster-rnnlm, run by this script in the same run.
     python bench/rnn_speed.py --threads 1 --quality-seconds 180 --quality-only   # equal-time perplexity
     python bench/rnn_speed.py --threads 1 --bptt block     # rnnlm's block truncation (rows named ...-block-...)
     python bench/rnn_speed.py --threads 1 --bptt block --batch-sizes 512 --profile 16   # rows ...-profile
+    python bench/rnn_speed.py --threads 1 --bptt block --precision bf16   # bf16 products (rows ...-bf16-...)
 
 Trains each configuration for a fixed wall time from scratch (speed only: the perplexity rows are in
 rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. faster-rnnlm ($FASTER_RNNLM, the binary or
@@ -99,12 +100,12 @@ def faster_rnnlm_quality(binary: Path, threads: int, hidden: int, seconds: float
             "faster_rnnlm_oov_words": (test.stdout + test.stderr).count("\nOOV")}
 
 
-def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float, bptt: str) -> dict:
+def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float, bptt: str, precision: str) -> dict:
     """seqlm's rnn (class output, the rnn-fast recipe of rnnlm_ptb.py: tanh, BPTT 5) trained on PTB through
     the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
     flags = ["--hidden", str(hidden), "--output", "class", "--batch-size", str(batch), "--tau", "5",
              "--truncation", bptt, "--activation", "tanh", "--max-epochs", "100", "--max-minutes", f"{seconds / 60:g}",
-             "--threads", str(threads)]
+             "--threads", str(threads), "--precision", precision]
     with tempfile.TemporaryDirectory(prefix="seqlm-rnn-") as tmp:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "seqlm", "train", "--model", "rnn", "--data", str(ptb_dir()),
@@ -131,6 +132,8 @@ def main() -> None:
                    help="only profile this many training steps at each batch size (rows ...-profile)")
     p.add_argument("--bptt", default="exact", choices=["exact", "block"],
                    help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--truncation of rnn)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="seqlm's --precision: bf16 runs the matmuls in bf16 (states, softmaxes, updates in fp32)")
     args = p.parse_args()
     if args.quality_seconds:
         quality_row(args)
@@ -150,14 +153,16 @@ def main() -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     for output, batch in [("class", b) for b in sizes] + [("full", sizes[0])]:
         cfg = family("rnn").config()
-        apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch, "truncation": args.bptt})
+        apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch, "truncation": args.bptt,
+                                "precision": args.precision})
         words_s, model = train_speed("rnn", cfg, vocab, train, args.seconds)
         t = time.perf_counter()
         evaluate(model, valid)
         eval_s = len(valid.ids) / (time.perf_counter() - t)
         key = f"{output}-b{batch}"
-        rows[key] = {"name": f"rnn-h{args.hidden}-{key}{_tag(args.bptt)}-speed", "train_tokens_per_s": words_s,
-                     "eval_tokens_per_s": eval_s, "threads": args.threads, "batch_size": batch, "bptt": args.bptt,
+        rows[key] = {"name": f"rnn-h{args.hidden}-{key}{_tag(args.bptt, args.precision)}-speed",
+                     "train_tokens_per_s": words_s, "eval_tokens_per_s": eval_s, "threads": args.threads,
+                     "batch_size": batch, "bptt": args.bptt, "precision": args.precision,
                      "seq_len": cfg.train.seq_len, "optimizer": cfg.train.optimizer}
         if peer_speed:
             rows[key].update(faster_rnnlm_words_per_s=peer_speed, train_speed_vs_faster_rnnlm=words_s / peer_speed,
@@ -189,25 +194,28 @@ def profile_rows(args: argparse.Namespace, vocab: Vocab, train) -> None:
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         cfg = family("rnn").config()
-        apply_overrides([cfg], {"output": "class", "hidden": args.hidden, "batch_size": batch, "truncation": args.bptt})
-        rows.append({"name": f"rnn-h{args.hidden}-class-b{batch}{_tag(args.bptt)}-profile", "threads": args.threads,
-                     "batch_size": batch, "bptt": args.bptt, "profile": profile_steps(cfg, vocab, train, args.profile)})
+        apply_overrides([cfg], {"output": "class", "hidden": args.hidden, "batch_size": batch, "truncation": args.bptt,
+                                "precision": args.precision})
+        rows.append({"name": f"rnn-h{args.hidden}-class-b{batch}{_tag(args.bptt, args.precision)}-profile",
+                     "threads": args.threads, "batch_size": batch, "bptt": args.bptt, "precision": args.precision,
+                     "profile": profile_steps(cfg, vocab, train, args.profile)})
         print(rows[-1], flush=True)
     merge_rows("rnn_speed", rows)
 
 
-def _tag(bptt: str) -> str:
-    """Row-name part: the exact rows keep the names they had before --bptt existed."""
-    return "" if bptt == "exact" else f"-{bptt}"
+def _tag(bptt: str, precision: str = "fp32") -> str:
+    """Row-name part: the exact fp32 rows keep the names they had before --bptt and --precision existed."""
+    return ("" if bptt == "exact" else f"-{bptt}") + ("" if precision == "fp32" else f"-{precision}")
 
 
 def quality_row(args: argparse.Namespace) -> None:
     """Row rnn-hH-quality-Ss: the perplexity each toolkit reaches in the same wall time (issue 26), both
     run by this script one after the other, with the same threads and H."""
     batch = int(args.batch_sizes.split(",")[-1])
-    row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt)}-{args.quality_seconds:g}s",
+    row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt, args.precision)}-{args.quality_seconds:g}s",
            "seconds": args.quality_seconds, "threads": args.threads, "hidden": args.hidden, "batch_size": batch,
-           "bptt": args.bptt, **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt)}
+           "bptt": args.bptt, "precision": args.precision,
+           **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt, args.precision)}
     peer = faster_rnnlm()
     if peer:
         row.update(faster_rnnlm_quality(peer, args.threads, args.hidden, args.quality_seconds),

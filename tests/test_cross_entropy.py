@@ -79,3 +79,55 @@ def test_full_softmax_trains_with_it_and_evaluates_exactly():
     torch.testing.assert_close(loss, -layer.target_log_probs(h, t), rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # evaluation takes autograd's path and gives the same figure
         torch.testing.assert_close(layer.loss(h, t), loss.detach(), rtol=1e-5, atol=1e-5)
+
+
+def _class_layer(vocab=61, hidden=8, classes=9, seed=2):
+    from seqlm.nn.softmax import ClassSoftmax
+
+    torch.manual_seed(seed)
+    counts = [1000 // (i + 1) + 1 for i in range(vocab)]  # Zipf-like: frequent words get one-word classes
+    return ClassSoftmax(hidden, counts, classes).double()
+
+
+def _class_grads(layer, h, t, up, fused: bool):
+    layer.zero_grad(set_to_none=True)
+    h = h.detach().clone().requires_grad_()
+    loss = layer.loss(h, t) if fused else -layer.target_log_probs(h, t)  # target_log_probs: autograd's path
+    (loss.double() * up).sum().backward()
+    return loss.detach().double(), [h.grad.double()] + [p.grad.double().clone() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("pad", [1, 8, 128])  # 128: a padded group longer than the batch
+def test_class_loss_equals_autograd_path(pad, monkeypatch):
+    from seqlm.nn.cross_entropy import ClassCrossEntropy
+
+    monkeypatch.setattr(ClassCrossEntropy, "group_pad", staticmethod(lambda mm, acc: pad))  # bf16's padding
+    layer = _class_layer()
+    assert 1 in layer._class_sizes  # the one-word classes' P(w|c) = 1 is covered
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(97, 8, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 61, (97,), generator=g)
+    t[t == 60] = 59  # leave the last class without targets: its gradient must be zero
+    up = torch.rand(97, generator=g, dtype=torch.float64)
+    ref_loss, ref_grads = _class_grads(layer, h, t, up, fused=False)
+    loss, grads = _class_grads(layer, h, t, up, fused=True)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # without gradients the plain path runs: same figures
+        torch.testing.assert_close(layer.loss(h, t), ref_loss, rtol=1e-12, atol=1e-12)
+
+
+def test_class_loss_bf16_autocast_is_close():
+    layer = _class_layer(hidden=32).float()
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(200, 32, generator=g)
+    t = torch.randint(0, 61, (200,), generator=g)
+    up = torch.ones(200, dtype=torch.float64)
+    ref_loss, ref_grads = _class_grads(layer, h, t, up, fused=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, grads = _class_grads(layer, h, t, up, fused=True)
+    assert loss.dtype == torch.float64 and all(p.dtype == torch.float32 for p in layer.parameters())
+    assert (loss - ref_loss).abs().max() < 0.05 * ref_loss.abs().mean()  # bf16 has 8 mantissa bits
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert (got - want).norm() < 0.05 * want.norm()

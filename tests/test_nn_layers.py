@@ -309,16 +309,25 @@ def test_elman_initial_state_and_registration() -> None:
         Elman(4, 5, impl="cuda")
 
 
-def test_elman_under_bf16_autocast() -> None:
-    x, h0 = elman_inputs(torch.float32)
-    layer = Elman(5, 6)
-    ref, _ = layer(x, h0)
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh"])
+@pytest.mark.parametrize("tau", [None, 3])
+def test_elman_under_bf16_autocast(activation: str, tau: int | None) -> None:
+    """bf16 products, fp32 states and gradients: within bf16's rounding of the fp32 figures."""
+    x, h0 = elman_inputs(torch.float32, hidden=32)
+    layer = Elman(5, 32, activation=activation)
+    ref, _ = layer(x, h0, tau=tau)
+    ref.square().sum().backward()
+    ref_grads = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, _ = layer(x.bfloat16(), h0)
+        out, _ = layer(x.bfloat16(), h0, tau=tau)
         assert out.dtype == torch.float32
-        out.sum().backward()  # backward inside the autocast region must work too
+        out.square().sum().backward()  # backward inside the autocast region must work too
     torch.testing.assert_close(out, ref, atol=0.02, rtol=0)
-    assert torch.isfinite(layer.weight_hh.grad).all()
+    assert not torch.equal(out, ref)  # the products did run in bf16
+    for p, want in zip(layer.parameters(), ref_grads, strict=True):
+        assert p.grad.dtype == torch.float32
+        assert (p.grad - want).norm() < 0.02 * want.norm()
 
 
 def test_class_softmax_state_dict_round_trip() -> None:

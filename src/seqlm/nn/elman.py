@@ -55,24 +55,34 @@ def elman_reference(
     return torch.stack(outs, dim=1), s  # (B, T, H), (B, H)
 
 
+def _addmm(acc: Tensor, a: Tensor, w: Tensor, out: Tensor | None = None) -> Tensor:
+    """acc + a @ w. With w in a lower precision than acc (bf16 under autocast) the product runs in w's
+    dtype and the sum in acc's: the state stays in full precision, only the matmul is rounded."""
+    if w.dtype == acc.dtype:
+        return torch.addmm(acc, a, w, out=out)
+    return torch.add(acc, a.to(w.dtype) @ w, out=out)
+
+
 class _ElmanBPTT(torch.autograd.Function):
     """Elman recurrence with a hand-written backward (backpropagation through time).
 
     Input ``pre`` = W_x x(t) + b is computed outside (by autograd) for all steps in one matmul; this
-    function only does the recurrent part s(t) = f(pre(t) + W_h s(t-1)), time-major.
+    function only does the recurrent part s(t) = f(pre(t) + W_h s(t-1)), time-major. ``mm`` is the
+    matmuls' dtype (the parameters' own, or bf16 under autocast); states and gradients keep pre's.
     """
 
     @staticmethod
-    def forward(ctx, pre: Tensor, s0: Tensor, weight_hh: Tensor, activation: str, tau: int | None) -> Tensor:
+    def forward(ctx, pre: Tensor, s0: Tensor, weight_hh: Tensor, activation: str, tau: int | None,
+                mm: torch.dtype) -> Tensor:
         # pre (T, B, H), s0 (B, H), weight_hh (H, H) -> out (T, B, H)
         out = torch.empty_like(pre)  # (T, B, H)
-        w_t = weight_hh.T  # (H, H)
+        w_t = weight_hh.T.to(mm)  # (H, H)
         prev = s0  # (B, H)
         for t in range(pre.shape[0]):
-            torch.addmm(pre[t], prev, w_t, out=out[t])  # (B, H) pre-activation, written in place
+            _addmm(pre[t], prev, w_t, out=out[t])  # (B, H) pre-activation, written in place
             prev = out[t].sigmoid_() if activation == "sigmoid" else out[t].tanh_()
         ctx.save_for_backward(out, s0, weight_hh)
-        ctx.activation, ctx.tau = activation, tau
+        ctx.activation, ctx.tau, ctx.mm = activation, tau, mm
         return out
 
     @staticmethod
@@ -82,30 +92,36 @@ class _ElmanBPTT(torch.autograd.Function):
         with torch.autocast(device_type=grad_out.device.type, enabled=False):
             out, s0, weight_hh = ctx.saved_tensors  # (T, B, H), (B, H), (H, H)
             # f'(a) expressed through the output s = f(a): all steps at once
-            deriv = out * (1 - out) if ctx.activation == "sigmoid" else 1 - out * out  # (T, B, H)
+            w = weight_hh.to(ctx.mm)  # (H, H)
             if ctx.tau is None or ctx.tau > out.shape[0]:  # nothing to cut: the one-gradient loop
-                grad_pre, grad_s0 = _ElmanBPTT._full(grad_out, deriv, weight_hh)
+                grad_pre, grad_s0 = _ElmanBPTT._full(grad_out, out, ctx.activation, w)
             else:
-                grad_pre, grad_s0 = _ElmanBPTT._truncated(grad_out, deriv, weight_hh, ctx.tau)
+                deriv = out * (1 - out) if ctx.activation == "sigmoid" else 1 - out * out  # (T, B, H)
+                grad_pre, grad_s0 = _ElmanBPTT._truncated(grad_out, deriv, w, ctx.tau)
             grad_w = None
             if ctx.needs_input_grad[2]:
                 # dL/dW_h = sum_t dL/da(t)^T s(t-1): one big matmul over all steps
-                hidden = out.shape[-1]
-                grad_w = grad_pre[0].T @ s0  # (H, H)
-                grad_w = grad_w.addmm_(grad_pre[1:].reshape(-1, hidden).T, out[:-1].reshape(-1, hidden))
-            return grad_pre, grad_s0 if ctx.needs_input_grad[1] else None, grad_w, None, None
+                hidden, mm = out.shape[-1], ctx.mm
+                grad_w = grad_pre[0].T.to(mm) @ s0.to(mm)  # (H, H)
+                steps = grad_pre[1:].reshape(-1, hidden).T.to(mm) @ out[:-1].reshape(-1, hidden).to(mm)  # (H, H)
+                grad_w = grad_w.to(out.dtype).add_(steps)
+            return grad_pre, grad_s0 if ctx.needs_input_grad[1] else None, grad_w, None, None, None
 
     @staticmethod
-    def _full(grad_out: Tensor, deriv: Tensor, weight_hh: Tensor) -> tuple[Tensor, Tensor]:
+    def _full(grad_out: Tensor, out: Tensor, activation: str, weight_hh: Tensor) -> tuple[Tensor, Tensor]:
         """Back-propagation through every step: dL/da(t) for all t, and dL/ds0."""
-        grad_pre = torch.empty_like(deriv)  # (T, B, H) dL/da(t)
+        grad_pre = torch.empty_like(out)  # (T, B, H) dL/da(t)
         grad_s = grad_out[-1]  # (B, H) dL/ds(T-1): only the direct gradient at the last step
-        for t in range(deriv.shape[0] - 1, -1, -1):
-            torch.mul(grad_s, deriv[t], out=grad_pre[t])
+        for t in range(out.shape[0] - 1, -1, -1):
+            # dL/da = dL/ds f'(a), f' from s = f(a), a step at a time while the (B, H) block is in cache
+            if activation == "sigmoid":  # g s (1 - s) = (g - g s) s
+                torch.mul(torch.addcmul(grad_s, grad_s, out[t], value=-1.0), out[t], out=grad_pre[t])
+            else:  # g (1 - s^2) = g - (g s) s
+                torch.addcmul(grad_s, grad_s * out[t], out[t], value=-1.0, out=grad_pre[t])
             if t > 0:
                 # dL/ds(t-1) = direct gradient + what flows back through W_h
-                grad_s = torch.addmm(grad_out[t - 1], grad_pre[t], weight_hh)  # (B, H)
-        return grad_pre, grad_pre[0] @ weight_hh  # (T, B, H), (B, H)
+                grad_s = _addmm(grad_out[t - 1], grad_pre[t], weight_hh)  # (B, H)
+        return grad_pre, (grad_pre[0].to(weight_hh.dtype) @ weight_hh).to(grad_pre.dtype)  # (T, B, H), (B, H)
 
     @staticmethod
     def _truncated(grad_out: Tensor, deriv: Tensor, weight_hh: Tensor, tau: int) -> tuple[Tensor, Tensor]:
@@ -125,9 +141,13 @@ class _ElmanBPTT(torch.autograd.Function):
             torch.mul(g, deriv[t], out=p)
             torch.sum(p, dim=0, out=grad_pre[t])
             if t > 0:
-                torch.mm(p[:-1].view(-1, H), weight_hh, out=g[1:].view(-1, H))  # ((tau-1) B, H)
+                if weight_hh.dtype == g.dtype:
+                    torch.mm(p[:-1].view(-1, H), weight_hh, out=g[1:].view(-1, H))  # ((tau-1) B, H)
+                else:  # bf16 product (autocast), fp32 stack
+                    g[1:].view(-1, H).copy_(p[:-1].view(-1, H).to(weight_hh.dtype) @ weight_hh)
                 g[0] = grad_out[t - 1]
-        return grad_pre, p[:-1].sum(dim=0) @ weight_hh  # (T, B, H), (B, H): sources within tau-1 of step 0
+        last = p[:-1].sum(dim=0)  # (B, H) sources within tau-1 of step 0
+        return grad_pre, (last.to(weight_hh.dtype) @ weight_hh).to(g.dtype)  # (T, B, H), (B, H)
 
 
 class Elman(nn.Module):
@@ -187,13 +207,15 @@ class Elman(nn.Module):
         return torch.eye(self.hidden, dtype=self.weight_hh.dtype, device=x.device)  # (H, H)
 
     def _forward_manual(self, x: Tensor, h0: Tensor, tau: int | None = None) -> tuple[Tensor, Tensor]:
-        dtype = self.weight_hh.dtype
-        # the recurrence runs in the parameters' precision even under autocast: rounding errors would
-        # compound over time steps, and the per-step kernels need matching dtypes
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        dtype, dev = self.weight_hh.dtype, x.device.type
+        # under autocast only the recurrent matmuls take its dtype (bf16 runs them several times faster
+        # on CPUs with AVX512-BF16); states and gradients stay in the parameters' precision, so rounding
+        # errors do not compound over time steps
+        mm = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else dtype
+        with torch.autocast(device_type=dev, enabled=False):
             xt = x.transpose(0, 1).to(dtype)  # (T, B, I)
             pre = F.linear(xt, self.weight_ih, self.bias) if self.weight_ih is not None else xt + self.bias  # (T, B, H)
-            out = _ElmanBPTT.apply(pre, h0.to(dtype), self.weight_hh, self.activation, tau)  # (T, B, H)
+            out = _ElmanBPTT.apply(pre, h0.to(dtype), self.weight_hh, self.activation, tau, mm)  # (T, B, H)
         return out.transpose(0, 1).contiguous(), out[-1]  # (B, T, H), (B, H)
 
     def _forward_fused(self, x: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from seqlm.config import choice, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.nn.cross_entropy import linear_cross_entropy
+from seqlm.nn.cross_entropy import ClassCrossEntropy, linear_cross_entropy
 from seqlm.nn.nce import NCE
 from seqlm.nn.sparse_code import CodeBook, CodedEmbedding, CodedLinear, SparseCodes, codes_for_vocab, linear_rows
 
@@ -193,7 +193,12 @@ class ClassSoftmax(nn.Module):
         return class_lp + word_lp
 
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
-        return -self.target_log_probs(h, targets)  # (N,)
+        """(N,) training losses; with gradients on, fused (nn/cross_entropy.py ClassCrossEntropy)."""
+        if not torch.is_grad_enabled():
+            return -self.target_log_probs(h, targets)  # (N,)
+        layout = (self.word_class, self.word_to_row, self.class_start, self._class_sizes)
+        return ClassCrossEntropy.apply(h, self.class_proj.weight, self.class_proj.bias, self.word_proj.weight,
+                                       self.word_proj.bias, targets, layout)  # (N,)
 
     def log_probs(self, h: Tensor) -> Tensor:
         """Full distribution (N, V) in word-id order, exactly normalised (for generation and tests)."""
