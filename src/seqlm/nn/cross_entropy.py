@@ -56,6 +56,18 @@ class LinearCrossEntropy(torch.autograd.Function):
                 grad_bias.to(weight.dtype) if grad_bias is not None else None, None)
 
 
+def _groups(tgt_class: Tensor, num_classes: int, pad: int) -> tuple[Tensor, ...]:
+    """Tokens grouped by target class, each group starting at a multiple of `pad` rows: (order (N,): the
+    tokens in group order, their classes (N,), rows per group (C,), each group's first row (C,), each
+    grouped token's row (N,))."""
+    sorted_class, order = torch.sort(tgt_class, stable=True)  # (N,), (N,)
+    counts = torch.bincount(sorted_class, minlength=num_classes)  # (C,)
+    padded = (counts + pad - 1) // pad * pad  # (C,)
+    starts = torch.cumsum(padded, 0) - padded  # (C,)
+    rank = torch.arange(tgt_class.shape[0], device=tgt_class.device) - (torch.cumsum(counts, 0) - counts)[sorted_class]
+    return order, sorted_class, padded, starts, starts[sorted_class] + rank
+
+
 def linear_cross_entropy(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor) -> Tensor:
     """(N,) training losses of the linear layer (weight (V, H), bias (V,)) on h (N, H) for targets (N,)."""
     return LinearCrossEntropy.apply(h, weight, bias, targets)
@@ -102,56 +114,55 @@ class ClassCrossEntropy(torch.autograd.Function):
         loss = -d_class[rows, tgt_class]  # (N,) -log P(c|h)
         d_class.exp_()[rows, tgt_class] -= 1.0  # (N, C) softmax - onehot
 
-        # tokens grouped by target class (one matmul per class against its contiguous weight slice),
-        # each group starting at a multiple of `pad` rows of hs
-        sorted_class, order = torch.sort(tgt_class, stable=True)  # (N,), (N,)
-        counts = torch.bincount(sorted_class, minlength=len(class_sizes))  # (C,)
-        pad = ClassCrossEntropy.group_pad(mm, acc)
-        padded = (counts + pad - 1) // pad * pad  # (C,)
-        shift = torch.cumsum(padded - counts, 0) - (padded - counts)  # (C,) rows of padding before each group
-        pos = rows + shift[sorted_class]  # (N,) row of each grouped token in hs
-        total = int(padded.sum())
-        hs = h_mm.new_zeros(total, h.shape[1]).index_copy_(0, pos, h_mm[order])  # (P, H)
-        local = torch.zeros(total, dtype=torch.long, device=h.device)  # (P,) target's row within its class
-        local[pos] = word_to_row[targets[order]] - class_start[sorted_class]
-        word_loss = torch.zeros(total, dtype=acc, device=h.device)  # (P,) 0 for one-word classes
-        ar_all = torch.arange(total, device=h.device)  # (P,) a group may be longer than the batch
-        groups, start, first = [], 0, 0
-        for n, size in zip(padded.tolist(), class_sizes):
+        order, sorted_class, padded, starts, pos = _groups(tgt_class, len(class_sizes),
+                                                           ClassCrossEntropy.group_pad(mm, acc))
+        hs = h_mm.new_zeros(int(padded.sum()), h.shape[1]).index_copy_(0, pos, h_mm[order])  # (P, H) grouped
+        # every group's (rows, |c|) log-softmax is a view of one flat buffer D, so that reading the
+        # targets' entries, exp and subtracting the onehot are single operations over all classes
+        sizes = torch.tensor(class_sizes, device=h.device)  # (C,)
+        used = (padded > 0) & (sizes > 1)  # (C,) one-word classes have P(w|c) = 1: nothing to compute
+        elems = torch.where(used, padded * sizes, 0)  # (C,)
+        offsets = torch.cumsum(elems, 0) - elems  # (C,) where each group's block starts in D
+        local = word_to_row[targets[order]] - class_start[sorted_class]  # (N,) target's row within its class
+        flat = offsets[sorted_class] + (pos - starts[sorted_class]) * sizes[sorted_class] + local  # (N,)
+        flat = torch.where(used[sorted_class], flat, int(elems.sum()))  # (N,) one-word classes: a spare entry
+        D = torch.zeros(int(elems.sum()) + 1, dtype=acc, device=h.device)  # (E + 1,)
+        groups, first = [], 0
+        for n, size, start, off in zip(padded.tolist(), class_sizes, starts.tolist(), offsets.tolist()):
             if n and size > 1:
                 tok, wrow = slice(start, start + n), slice(first, first + size)
-                d = torch.addmm(wb[wrow], hs[tok], ww[wrow].t()).to(acc).log_softmax(1)  # (n, |c|)
-                ar = ar_all[:n]
-                word_loss[tok] = -d[ar, local[tok]]
-                d.exp_()[ar, local[tok]] -= 1.0  # (n, |c|) softmax - onehot
-                groups.append((tok, wrow, d))
-            start, first = start + n, first + size
-        loss.index_add_(0, order, word_loss[pos])
+                logits = torch.addmm(wb[wrow], hs[tok], ww[wrow].t())  # (n, |c|)
+                torch.log_softmax(logits, 1, dtype=acc, out=D[off:off + n * size].view(n, size))
+                groups.append((tok, wrow, off))
+            first += size
+        loss.index_add_(0, order, -D[flat])  # -log P(w|c,h); 0 for one-word classes
+        D.exp_().index_put_((flat,), torch.tensor(-1.0, dtype=acc), accumulate=True)  # softmax - onehot
         ctx.groups = groups
-        ctx.save_for_backward(h_mm, hs, order, pos, d_class, class_w, ww)
+        ctx.save_for_backward(h_mm, hs, order, pos, d_class, class_w, ww, D)
         ctx.dtypes = (h.dtype, class_w.dtype, word_w.dtype)
         return loss  # (N,)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):
-        h_mm, hs, order, pos, d_class, class_w, ww = ctx.saved_tensors
+        h_mm, hs, order, pos, d_class, class_w, ww, D = ctx.saved_tensors
         h_dt, cw_dt, ww_dt = ctx.dtypes
         mm, grad = h_mm.dtype, grad.to(d_class.dtype)
         d_class.mul_(grad[:, None])  # (N, C)
         dc = d_class.to(mm)
         grad_h = (dc @ class_w.to(mm)).to(d_class.dtype)  # (N, H)
         grad_cw, grad_cb = dc.t() @ h_mm, d_class.sum(0)  # (C, H), (C,)
-        grad_grouped = grad.new_zeros(hs.shape[0]).index_copy_(0, pos, grad[order])  # (P,) 0 on padding
-        grad_hs = torch.zeros(hs.shape, dtype=d_class.dtype, device=hs.device)  # (P, H)
-        grad_ww = torch.zeros(ww.shape, dtype=d_class.dtype, device=ww.device)  # (V, H) in row order
-        grad_wb = torch.zeros(ww.shape[0], dtype=d_class.dtype, device=ww.device)  # (V,)
-        for tok, wrow, d in ctx.groups:
-            d.mul_(grad_grouped[tok, None])  # (n, |c|)
-            dm = d.to(mm)
-            grad_hs[tok] = dm @ ww[wrow]
-            grad_ww[wrow] = dm.t() @ hs[tok]
-            grad_wb[wrow] = d.sum(0)
-        grad_h.index_add_(0, order, grad_hs[pos])
+        grad_rows = grad.new_zeros(hs.shape[0]).index_copy_(0, pos, grad[order])  # (P,) 0 on padding
+        grad_hs = torch.zeros(hs.shape, dtype=mm, device=hs.device)  # (P, H)
+        grad_ww = torch.zeros(ww.shape, dtype=mm, device=ww.device)  # (V, H) in row order
+        grad_wb = torch.zeros(ww.shape[0], dtype=D.dtype, device=ww.device)  # (V,)
+        for tok, wrow, off in ctx.groups:
+            n, size = tok.stop - tok.start, wrow.stop - wrow.start
+            d = D[off:off + n * size].view(n, size).mul_(grad_rows[tok, None])  # (n, |c|) dloss/dlogits
+            torch.sum(d, 0, out=grad_wb[wrow])
+            d = d.to(mm)
+            torch.mm(d, ww[wrow], out=grad_hs[tok])
+            torch.mm(d.t(), hs[tok], out=grad_ww[wrow])
+        grad_h.index_add_(0, order, grad_hs[pos].to(grad_h.dtype))
         return (grad_h.to(h_dt), grad_cw.to(cw_dt), grad_cb.to(cw_dt), grad_ww.to(ww_dt), grad_wb.to(ww_dt),
                 None, None)
