@@ -13,7 +13,8 @@ Three implementations compute the same function (tests check them against each o
   ones. With `tau` (BPTT(tau), exact per position) the backward carries a (tau, B, H) stack of
   per-source gradients instead: one ((tau-1) B, H) x (H, H) matmul per step. Fastest on CPU: B=64,
   T=20, H=200, 2 threads, forward+backward about 5.4-6.3 ms against 7.4-9.9 ms for the other two
-  (B=32..128, T=10..40: 10-35% faster).
+  (B=32..128, T=10..40: 10-35% faster). Under autocast (`--precision bf16`) its matmuls run in bf16
+  while states, f'(a) and gradients stay in the parameters' precision (tests/test_nn_layers.py).
 - ``"fused"``: torch's fused tanh RNN (``nn.RNN`` called through ``torch.func.functional_call``) with
   weights derived on the fly from the sigmoid-space parameters, using the exact identity
   sigmoid(a) = (tanh(a/2) + 1) / 2. With g = 2 s - 1:
