@@ -84,6 +84,23 @@ def test_options_train(tmp_path, extra):
     assert rows[0]["precision"] == ("bf16" if "bf16" in extra else "fp32")
 
 
+@pytest.mark.parametrize("truncation", ["block", "exact"])
+def test_rnn_class_output_trains_in_bf16_as_in_fp32(tmp_path, truncation):
+    """bf16 runs the Elman and class-output matmuls in bf16 (fp32 states, softmaxes, updates): the same
+    seed reaches about the same valid perplexity as fp32."""
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus, n_train=N_TRAIN)
+    ppl = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / precision
+        assert main(["train", "--model", "rnn", "--data", str(corpus), "--out", str(out), "--hidden", "24",
+                     "--output", "class", "--classes", "6", "--batch-size", "8", "--truncation", truncation,
+                     "--max-epochs", "3", "--lr", "0.02", "--precision", precision]) == 0
+        ppl[precision] = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["valid_ppl"]
+    assert ppl["fp32"] < 0.97 * unigram_ppl(corpus)
+    assert abs(ppl["bf16"] / ppl["fp32"] - 1) < 0.03, ppl
+
+
 def test_max_minutes_cuts_the_epoch_short_and_records_it_as_partial(tmp_path):
     rows = _train(tmp_path, "m", "--max-epochs", "50", "--max-minutes", "0.0001")
     # the epoch in progress is cut short, evaluated and saved, marked partial; no more start
