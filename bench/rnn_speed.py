@@ -212,7 +212,8 @@ def quality_row(args: argparse.Namespace) -> None:
     """Row rnn-hH-quality-Ss: the perplexity each toolkit reaches in the same wall time (issue 26), both
     run by this script one after the other, with the same threads and H."""
     batch = int(args.batch_sizes.split(",")[-1])
-    row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt, args.precision)}-{args.quality_seconds:g}s",
+    size = "" if batch == 128 else f"-b{batch}"  # the rows from before other batch sizes were run keep their names
+    row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt, args.precision)}-{args.quality_seconds:g}s{size}",
            "seconds": args.quality_seconds, "threads": args.threads, "hidden": args.hidden, "batch_size": batch,
            "bptt": args.bptt, "precision": args.precision,
            **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt, args.precision)}
