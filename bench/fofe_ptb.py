@@ -38,9 +38,11 @@ REF = ["--rollback", "true", "--param-init", "incml", "--max-epochs", "21"]
 for _name in list(PAPER_TEST_PPL):
     ROWS[_name + "-ref"] = ROWS[_name] + REF + (["--start-pad", "bos"] if _name.startswith("fofe") else [])
     PAPER_TEST_PPL[_name + "-ref"] = PAPER_TEST_PPL[_name]
-# the authors' PTB config (config/ptb.config) uses momentum 0.9 and weight decay 4e-5, their FOFE config 0 and 0
-ROWS["fofe-2-ref-mom"] = ROWS["fofe-2-ref"] + ["--momentum", "0.9", "--weight-decay", "4e-5"]
-PAPER_TEST_PPL["fofe-2-ref-mom"] = PAPER_TEST_PPL["fofe-2"]
+# the authors' PTB config (config/ptb.config) uses momentum 0.9 and weight decay 4e-5, their FOFE config 0 and 0:
+# `-ref-mom` rows are the `-ref` recipe with the PTB config's momentum and weight decay
+for _name in [n for n in PAPER_TEST_PPL if n.endswith("-ref")]:
+    ROWS[_name + "-mom"] = ROWS[_name] + ["--momentum", "0.9", "--weight-decay", "4e-5"]
+    PAPER_TEST_PPL[_name + "-mom"] = PAPER_TEST_PPL[_name]
 REF_CHECKPOINTS = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS",
                                       Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 # not in the paper: fofe-2 overfits (train ppl 49, valid 127), so the same model with dropout
