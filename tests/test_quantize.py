@@ -58,6 +58,9 @@ def test_quantized_model_runs_every_command_close_to_fp32(tmp_path, capsys, name
         assert QLSTM in layers.values()
     if name == "lstm-tied":  # the output matrix is also the embedding table: it stays float
         assert type(model.out.proj) is torch.nn.Linear
+    if name == "transformer":  # tied by default: the output gets its own int8 copy, the lookup stays float
+        assert "out" in summary["quantized"] and type(model.embed) is torch.nn.Embedding
+        assert seqlm.load(fp32).out is None  # the float directory is untouched
     ppl, ppl_q = _eval(fp32, corpus, capsys), _eval(q, corpus, capsys)
     assert abs(ppl_q / ppl - 1) < 0.05, (ppl, ppl_q)
     assert main(["score", str(q), "--data", str(corpus), "--split", "test"]) == 0

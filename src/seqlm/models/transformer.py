@@ -110,8 +110,18 @@ class TransformerLM(nn.Module):
         return self.norm(h), kvs
 
     def logits(self, h: Tensor) -> Tensor:
-        w = self.embed.weight if self.out is None else self.out.weight
-        return h @ w.t()  # (..., V)
+        if self.out is not None:
+            return self.out(h)  # (..., V) through the module, so that `seqlm quantize` can make it int8
+        return h @ self.embed.weight.t()  # (..., V)
+
+    def untie(self) -> bool:
+        """Give a tied model its own output matrix, a copy of the embeddings (same function): `seqlm quantize`
+        can then make the output product int8 while the lookup stays float. True if it was tied."""
+        if self.out is not None:
+            return False
+        self.out = nn.Linear(self.embed.embedding_dim, self.embed.num_embeddings, bias=False)
+        self.out.weight = nn.Parameter(self.embed.weight.detach().clone())  # (V, D)
+        return True
 
     def windows(self, x: Tensor, resets: Tensor, n_hist: int = 0, pos: Tensor | None = None) -> Tensor:
         """Final hidden (B, L - n_hist, D) of columns n_hist.. of (B, L) rows, read in the windows of the module

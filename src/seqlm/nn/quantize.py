@@ -6,8 +6,10 @@ torch.ao.quantization.quantize_dynamic does the work: weights become int8 (one s
 activations are quantized on the fly, so no calibration data is needed. Which layers:
   - every nn.LSTM;
   - every nn.Linear that only its own forward reads. A Linear whose weight other code reads directly (an
-    output matrix shared with the input embedding, a class-factorised softmax slicing its rows, a
-    Transformer's untied output) stays float32: found by running the model once and watching reads.
+    LSTM's output matrix shared with the input embedding, a class-factorised softmax slicing its rows)
+    stays float32: found by running the model once and watching reads. A model with an `untie()` method
+    (the Transformer) is first given its own copy of a tied output matrix, which then becomes int8 (the
+    directory's config says untied).
 The model directory keeps config.json (plus "quantization": scheme and layer names), vocab.txt, and
 weights.safetensors with the int8 matrices, their scales and zero points beside the float32 rest; no
 pickles. seqlm.load rebuilds the float model from the config, quantizes the same layers and puts the
@@ -168,6 +170,8 @@ def quantize_dir(model_dir: str | Path, out: str | Path) -> dict[str, Any]:
     if not isinstance(family(getattr(model, "family", "kn")), NeuralFamily):
         raise SeqlmError(f"{model.family} models cannot be quantized; quantize applies to the neural families "
                          "(a mixture: quantize its components and interpolate those)")
+    if callable(getattr(model, "untie", None)) and model.untie():  # a tied output matrix becomes its own Linear
+        meta["model"]["tie_embeddings"] = False  # the int8 directory describes the untied model it holds
     q, names = quantize(model)
     if out.resolve() == model_dir.resolve():
         raise SeqlmError("--out must be a new directory, not the model's own")
