@@ -125,8 +125,10 @@ class ClassCrossEntropy(torch.autograd.Function):
         offsets = torch.cumsum(elems, 0) - elems  # (C,) where each group's block starts in D
         local = word_to_row[targets[order]] - class_start[sorted_class]  # (N,) target's row within its class
         flat = offsets[sorted_class] + (pos - starts[sorted_class]) * sizes[sorted_class] + local  # (N,)
-        flat = torch.where(used[sorted_class], flat, int(elems.sum()))  # (N,) one-word classes: a spare entry
-        D = torch.zeros(int(elems.sum()) + 1, dtype=acc, device=h.device)  # (E + 1,)
+        n_elems = int(elems.sum())
+        flat = torch.where(used[sorted_class], flat, n_elems)  # (N,) one-word classes: a spare last entry
+        D = torch.empty(n_elems + 1, dtype=acc, device=h.device)  # (E + 1,) the groups below fill all but the spare
+        D[-1] = 0.0
         groups, first = [], 0
         for n, size, start, off in zip(padded.tolist(), class_sizes, starts.tolist(), offsets.tolist()):
             if n and size > 1:

@@ -64,6 +64,14 @@ def _addmm(acc: Tensor, a: Tensor, w: Tensor, out: Tensor | None = None) -> Tens
     return torch.add(acc, a.to(w.dtype) @ w, out=out)
 
 
+def _mm(a: Tensor, w: Tensor, out: Tensor | None = None) -> Tensor:
+    """a @ w with the product in w's dtype (bf16 under autocast) and the result in a's (into `out`)."""
+    if w.dtype == a.dtype:
+        return torch.mm(a, w, out=out)
+    prod = a.to(w.dtype) @ w
+    return prod.to(a.dtype) if out is None else out.copy_(prod)
+
+
 class _ElmanBPTT(torch.autograd.Function):
     """Elman recurrence with a hand-written backward (backpropagation through time).
 
@@ -122,7 +130,7 @@ class _ElmanBPTT(torch.autograd.Function):
             if t > 0:
                 # dL/ds(t-1) = direct gradient + what flows back through W_h
                 grad_s = _addmm(grad_out[t - 1], grad_pre[t], weight_hh)  # (B, H)
-        return grad_pre, (grad_pre[0].to(weight_hh.dtype) @ weight_hh).to(grad_pre.dtype)  # (T, B, H), (B, H)
+        return grad_pre, _mm(grad_pre[0], weight_hh)  # (T, B, H), (B, H)
 
     @staticmethod
     def _truncated(grad_out: Tensor, deriv: Tensor, weight_hh: Tensor, tau: int) -> tuple[Tensor, Tensor]:
@@ -142,13 +150,9 @@ class _ElmanBPTT(torch.autograd.Function):
             torch.mul(g, deriv[t], out=p)
             torch.sum(p, dim=0, out=grad_pre[t])
             if t > 0:
-                if weight_hh.dtype == g.dtype:
-                    torch.mm(p[:-1].view(-1, H), weight_hh, out=g[1:].view(-1, H))  # ((tau-1) B, H)
-                else:  # bf16 product (autocast), fp32 stack
-                    g[1:].view(-1, H).copy_(p[:-1].view(-1, H).to(weight_hh.dtype) @ weight_hh)
+                _mm(p[:-1].view(-1, H), weight_hh, out=g[1:].view(-1, H))  # ((tau-1) B, H)
                 g[0] = grad_out[t - 1]
-        last = p[:-1].sum(dim=0)  # (B, H) sources within tau-1 of step 0
-        return grad_pre, (last.to(weight_hh.dtype) @ weight_hh).to(g.dtype)  # (T, B, H), (B, H)
+        return grad_pre, _mm(p[:-1].sum(dim=0), weight_hh)  # (T, B, H), (B, H): sources within tau-1 of step 0
 
 
 class Elman(nn.Module):
