@@ -70,6 +70,10 @@ RNN_ROWS["rnn-bptt-h400-long-ref"] = [*RNN_ROWS["rnn-bptt-h400-long"], "--rollba
 # the same with rnnlm's own truncation (--truncation block: a chunk's errors flow back together through the chunk
 # and the tau-1 inputs before it, as its -bptt-block), which its toolkit trains the paper's models with
 RNN_ROWS["rnn-bptt-h400-long-block-ref"] = [*RNN_ROWS["rnn-bptt-h400-long-ref"], "--truncation", "block"]
+# the block-ref recipe with a larger hidden layer (the paper's RNNs have at most 400 units; these rows go beyond it)
+for _h in (600, 800):
+    RNN_ROWS[f"rnn-bptt-h{_h}-long-block-ref"] = [str(_h) if o == "400" else o
+                                                  for o in RNN_ROWS["rnn-bptt-h400-long-block-ref"]]
 REF_CHECKPOINTS = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS",
                                       Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 # rnn-x4 combines the four differently configured RNNs of this table (the paper combines RNNs that
@@ -85,7 +89,9 @@ MIXTURES.update({"rnn-all": ALL_RNNS, "rnn-all+kn5": [*ALL_RNNS, "kn5"]})
 # -sw: the same mixtures with EM weights fitted in stream mode (run with --stream-weights)
 MIXTURES.update({"rnn400long+kn5-sw": MIXTURES["rnn400long+kn5"], "rnn-all+kn5-sw": MIXTURES["rnn-all+kn5"]})
 MIXTURES.update({"rnn-ref+kn5": ["rnn-bptt-ref", "kn5"], "rnn400long-ref+kn5": ["rnn-bptt-h400-long-ref", "kn5"],
-                 "rnn400long-block-ref+kn5": ["rnn-bptt-h400-long-block-ref", "kn5"]})
+                 "rnn400long-block-ref+kn5": ["rnn-bptt-h400-long-block-ref", "kn5"],
+                 "rnn600long-block-ref+kn5": ["rnn-bptt-h600-long-block-ref", "kn5"],
+                 "rnn800long-block-ref+kn5": ["rnn-bptt-h800-long-block-ref", "kn5"]})
 
 
 def bptt_method(row: str) -> str:
