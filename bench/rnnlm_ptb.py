@@ -75,7 +75,7 @@ for _h in (600, 800):
     RNN_ROWS[f"rnn-bptt-h{_h}-long-block-ref"] = [str(_h) if o == "400" else o
                                                   for o in RNN_ROWS["rnn-bptt-h400-long-block-ref"]]
 # h600 with dropout 0.3 overfit by epoch 7 (train ppl 108, valid 151): the larger layers with dropout 0.5
-for _h, _d in ((800, 5), (1000, 5), (800, 4)):
+for _h, _d in ((800, 5), (1000, 5), (800, 4), (800, 6), (600, 5)):
     RNN_ROWS[f"rnn-bptt-h{_h}-d{_d}-long-block-ref"] = [{"400": str(_h), "0.3": f"0.{_d}"}.get(o, o)
                                                        for o in RNN_ROWS["rnn-bptt-h400-long-block-ref"]]
 REF_CHECKPOINTS = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS",
@@ -98,11 +98,14 @@ MIXTURES.update({"rnn-ref+kn5": ["rnn-bptt-ref", "kn5"], "rnn400long-ref+kn5": [
                  "rnn800long-block-ref+kn5": ["rnn-bptt-h800-long-block-ref", "kn5"],
                  "rnn800d5long-block-ref+kn5": ["rnn-bptt-h800-d5-long-block-ref", "kn5"],
                  "rnn1000d5long-block-ref+kn5": ["rnn-bptt-h1000-d5-long-block-ref", "kn5"],
-                 "rnn800d4long-block-ref+kn5": ["rnn-bptt-h800-d4-long-block-ref", "kn5"]})
+                 "rnn800d4long-block-ref+kn5": ["rnn-bptt-h800-d4-long-block-ref", "kn5"],
+                 "rnn800d6long-block-ref+kn5": ["rnn-bptt-h800-d6-long-block-ref", "kn5"],
+                 "rnn600d5long-block-ref+kn5": ["rnn-bptt-h600-d5-long-block-ref", "kn5"]})
 # with dropout 0.5 the sentence and stream figures part (h800-d5: valid 144.9 / 131.1), so the weights fitted
 # sentence by sentence undervalue the RNN in stream mode: the same mixtures fitted in stream mode
 MIXTURES.update({f"{m}-sw": MIXTURES[m] for m in ("rnn600long-block-ref+kn5", "rnn800d5long-block-ref+kn5",
-                                                  "rnn1000d5long-block-ref+kn5", "rnn800d4long-block-ref+kn5")})
+                                                  "rnn1000d5long-block-ref+kn5", "rnn800d4long-block-ref+kn5",
+                                                  "rnn800d6long-block-ref+kn5", "rnn600d5long-block-ref+kn5")})
 
 
 def bptt_method(row: str) -> str:
