@@ -70,14 +70,15 @@ RNN_ROWS["rnn-bptt-h400-long-ref"] = [*RNN_ROWS["rnn-bptt-h400-long"], "--rollba
 # the same with rnnlm's own truncation (--truncation block: a chunk's errors flow back together through the chunk
 # and the tau-1 inputs before it, as its -bptt-block), which its toolkit trains the paper's models with
 RNN_ROWS["rnn-bptt-h400-long-block-ref"] = [*RNN_ROWS["rnn-bptt-h400-long-ref"], "--truncation", "block"]
-# the block-ref recipe with a larger hidden layer (the paper's RNNs have at most 400 units; these rows go beyond it)
-for _h in (600, 800):
-    RNN_ROWS[f"rnn-bptt-h{_h}-long-block-ref"] = [str(_h) if o == "400" else o
-                                                  for o in RNN_ROWS["rnn-bptt-h400-long-block-ref"]]
-# h600 with dropout 0.3 overfit by epoch 7 (train ppl 108, valid 151): the larger layers with dropout 0.5
-for _h, _d in ((800, 5), (1000, 5), (800, 4), (800, 6), (600, 5)):
-    RNN_ROWS[f"rnn-bptt-h{_h}-d{_d}-long-block-ref"] = [{"400": str(_h), "0.3": f"0.{_d}"}.get(o, o)
-                                                       for o in RNN_ROWS["rnn-bptt-h400-long-block-ref"]]
+# the block-ref recipe with larger hidden layers (the paper's RNNs have at most 400 units; these rows go beyond it),
+# keyed (hidden, dropout in tenths) -> name tag; h600 with dropout 0.3 overfit by epoch 7 (train ppl 108, valid
+# 151), hence the higher dropouts
+LARGER_RNNS = {(600, 3): "h600", (800, 3): "h800", (800, 4): "h800-d4", (800, 5): "h800-d5", (800, 6): "h800-d6",
+               (600, 5): "h600-d5", (1000, 5): "h1000-d5"}
+for (_h, _d), _tag in LARGER_RNNS.items():
+    RNN_ROWS[f"rnn-bptt-{_tag}-long-block-ref"] = ["--tau", "5", "--hidden", str(_h), "--dropout", f"0.{_d}",
+                                                   "--halving-epochs", "10", "--rollback", "true",
+                                                   "--truncation", "block"]
 REF_CHECKPOINTS = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS",
                                       Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 # rnn-x4 combines the four differently configured RNNs of this table (the paper combines RNNs that
@@ -93,19 +94,13 @@ MIXTURES.update({"rnn-all": ALL_RNNS, "rnn-all+kn5": [*ALL_RNNS, "kn5"]})
 # -sw: the same mixtures with EM weights fitted in stream mode (run with --stream-weights)
 MIXTURES.update({"rnn400long+kn5-sw": MIXTURES["rnn400long+kn5"], "rnn-all+kn5-sw": MIXTURES["rnn-all+kn5"]})
 MIXTURES.update({"rnn-ref+kn5": ["rnn-bptt-ref", "kn5"], "rnn400long-ref+kn5": ["rnn-bptt-h400-long-ref", "kn5"],
-                 "rnn400long-block-ref+kn5": ["rnn-bptt-h400-long-block-ref", "kn5"],
-                 "rnn600long-block-ref+kn5": ["rnn-bptt-h600-long-block-ref", "kn5"],
-                 "rnn800long-block-ref+kn5": ["rnn-bptt-h800-long-block-ref", "kn5"],
-                 "rnn800d5long-block-ref+kn5": ["rnn-bptt-h800-d5-long-block-ref", "kn5"],
-                 "rnn1000d5long-block-ref+kn5": ["rnn-bptt-h1000-d5-long-block-ref", "kn5"],
-                 "rnn800d4long-block-ref+kn5": ["rnn-bptt-h800-d4-long-block-ref", "kn5"],
-                 "rnn800d6long-block-ref+kn5": ["rnn-bptt-h800-d6-long-block-ref", "kn5"],
-                 "rnn600d5long-block-ref+kn5": ["rnn-bptt-h600-d5-long-block-ref", "kn5"]})
-# with dropout 0.5 the sentence and stream figures part (h800-d5: valid 144.9 / 131.1), so the weights fitted
-# sentence by sentence undervalue the RNN in stream mode: the same mixtures fitted in stream mode
-MIXTURES.update({f"{m}-sw": MIXTURES[m] for m in ("rnn600long-block-ref+kn5", "rnn800d5long-block-ref+kn5",
-                                                  "rnn1000d5long-block-ref+kn5", "rnn800d4long-block-ref+kn5",
-                                                  "rnn800d6long-block-ref+kn5", "rnn600d5long-block-ref+kn5")})
+                 "rnn400long-block-ref+kn5": ["rnn-bptt-h400-long-block-ref", "kn5"]})
+# each larger RNN with KN5 (rnn600long-..., rnn800d5long-...), and the same fitted in stream mode (-sw): with dropout
+# 0.5 the sentence and stream figures part (h800-d5: valid 144.9 / 131.1), so weights fitted sentence by sentence
+# undervalue the RNN in stream mode
+for _tag in LARGER_RNNS.values():
+    _mix = f"rnn{_tag[1:].replace('-', '')}long-block-ref+kn5"
+    MIXTURES[_mix] = MIXTURES[f"{_mix}-sw"] = [f"rnn-bptt-{_tag}-long-block-ref", "kn5"]
 
 
 def bptt_method(row: str) -> str:
