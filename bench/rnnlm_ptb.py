@@ -73,10 +73,12 @@ RNN_ROWS["rnn-bptt-h400-long-block-ref"] = [*RNN_ROWS["rnn-bptt-h400-long-ref"],
 # the block-ref recipe with larger hidden layers (the paper's RNNs have at most 400 units; these rows go beyond it),
 # keyed (hidden, dropout in tenths, output layer) -> name tag; h600 with dropout 0.3 overfit by epoch 7 (train ppl
 # 108, valid 151), hence the higher dropouts. `full`: the paper's Table 2 predates its class output ("a small cost
-# of accuracy"), so those rows (name suffix -full) keep the whole 10k softmax
+# of accuracy"), so those rows (name suffix -full) keep the whole 10k softmax; h400-d0 is the paper's own model
+# (no dropout) with it, h200 the smaller size of the -ref rows
 LARGER_RNNS = {(600, 3, "class"): "h600", (800, 3, "class"): "h800", (800, 4, "class"): "h800-d4",
                (800, 5, "class"): "h800-d5", (800, 6, "class"): "h800-d6", (600, 5, "class"): "h600-d5",
-               (1000, 5, "class"): "h1000-d5", (400, 3, "full"): "h400", (800, 5, "full"): "h800-d5"}
+               (1000, 5, "class"): "h1000-d5", (400, 3, "full"): "h400", (800, 5, "full"): "h800-d5",
+               (400, 0, "full"): "h400-d0", (200, 3, "full"): "h200"}
 
 
 def _larger_name(tag: str, output: str) -> str:
