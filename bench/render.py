@@ -81,13 +81,16 @@ def plot_curves(doc: dict, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        ax.plot(range(1, len(r["valid_curve"]) + 1), r["valid_curve"], marker="o", ms=3, label=r["name"])
+    # a table can hold dozens of curves: the legend goes beside the axes, in as many columns as it needs
+    cols = 1 + (len(rows) - 1) // 25
+    fig, ax = plt.subplots(figsize=(7 + 3.5 * cols, max(4.0, 0.18 * min(len(rows), 25) + 1)))
+    for i, r in enumerate(rows):  # the colour cycle repeats every 10 curves: the line style tells them apart
+        ax.plot(range(1, len(r["valid_curve"]) + 1), r["valid_curve"], marker="o", ms=3, label=r["name"],
+                ls=("-", "--", ":")[i // 10 % 3])
     ax.set(xlabel="epoch", ylabel="valid perplexity", title=doc["bench"])
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, ncol=cols, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
