@@ -70,23 +70,23 @@ RNN_ROWS["rnn-bptt-h400-long-ref"] = [*RNN_ROWS["rnn-bptt-h400-long"], "--rollba
 # the same with rnnlm's own truncation (--truncation block: a chunk's errors flow back together through the chunk
 # and the tau-1 inputs before it, as its -bptt-block), which its toolkit trains the paper's models with
 RNN_ROWS["rnn-bptt-h400-long-block-ref"] = [*RNN_ROWS["rnn-bptt-h400-long-ref"], "--truncation", "block"]
-# the block-ref recipe with larger hidden layers (the paper's RNNs have at most 400 units; these rows go beyond it),
-# keyed (hidden, dropout in tenths, output layer) -> name tag; h600 with dropout 0.3 overfit by epoch 7 (train ppl
+# the block-ref recipe at other sizes, dropouts and output layers, keyed (hidden, dropout in tenths, output layer)
+# -> name tag. Sizes above 400 go beyond the paper's RNNs; h600 with dropout 0.3 overfit by epoch 7 (train ppl
 # 108, valid 151), hence the higher dropouts. `full`: the paper's Table 2 predates its class output ("a small cost
 # of accuracy"), so those rows (name suffix -full) keep the whole 10k softmax; h400-d0 is the paper's own model
 # (no dropout) with it, h200 the smaller size of the -ref rows
-LARGER_RNNS = {(600, 3, "class"): "h600", (800, 3, "class"): "h800", (800, 4, "class"): "h800-d4",
+BLOCK_REF_RNNS = {(600, 3, "class"): "h600", (800, 3, "class"): "h800", (800, 4, "class"): "h800-d4",
                (800, 5, "class"): "h800-d5", (800, 6, "class"): "h800-d6", (600, 5, "class"): "h600-d5",
                (1000, 5, "class"): "h1000-d5", (400, 3, "full"): "h400", (800, 5, "full"): "h800-d5",
                (400, 0, "full"): "h400-d0", (200, 3, "full"): "h200"}
 
 
-def _larger_name(tag: str, output: str) -> str:
+def _block_ref_name(tag: str, output: str) -> str:
     return f"rnn-bptt-{tag}-long-block-ref" + ("-full" if output == "full" else "")
 
 
-for (_h, _d, _out), _tag in LARGER_RNNS.items():
-    RNN_ROWS[_larger_name(_tag, _out)] = ["--tau", "5", "--hidden", str(_h), "--dropout", f"0.{_d}",
+for (_h, _d, _out), _tag in BLOCK_REF_RNNS.items():
+    RNN_ROWS[_block_ref_name(_tag, _out)] = ["--tau", "5", "--hidden", str(_h), "--dropout", f"0.{_d}",
                                           "--halving-epochs", "10", "--rollback", "true",
                                           "--truncation", "block", *(["--output", "full"] if _out == "full" else [])]
 REF_CHECKPOINTS = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS",
@@ -105,12 +105,12 @@ MIXTURES.update({"rnn-all": ALL_RNNS, "rnn-all+kn5": [*ALL_RNNS, "kn5"]})
 MIXTURES.update({"rnn400long+kn5-sw": MIXTURES["rnn400long+kn5"], "rnn-all+kn5-sw": MIXTURES["rnn-all+kn5"]})
 MIXTURES.update({"rnn-ref+kn5": ["rnn-bptt-ref", "kn5"], "rnn400long-ref+kn5": ["rnn-bptt-h400-long-ref", "kn5"],
                  "rnn400long-block-ref+kn5": ["rnn-bptt-h400-long-block-ref", "kn5"]})
-# each larger RNN with KN5 (rnn600long-..., rnn800d5long-...), and the same fitted in stream mode (-sw): with dropout
+# each of those RNNs with KN5 (rnn600long-..., rnn800d5long-...), and the same fitted in stream mode (-sw): with dropout
 # 0.5 the sentence and stream figures part (h800-d5: valid 144.9 / 131.1), so weights fitted sentence by sentence
 # undervalue the RNN in stream mode
-for (_h, _d, _out), _tag in LARGER_RNNS.items():
+for (_h, _d, _out), _tag in BLOCK_REF_RNNS.items():
     _mix = f"rnn{_tag[1:].replace('-', '')}long-block-ref" + ("-full" if _out == "full" else "") + "+kn5"
-    MIXTURES[_mix] = MIXTURES[f"{_mix}-sw"] = [_larger_name(_tag, _out), "kn5"]
+    MIXTURES[_mix] = MIXTURES[f"{_mix}-sw"] = [_block_ref_name(_tag, _out), "kn5"]
 
 
 def bptt_method(row: str) -> str:
