@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import random
@@ -87,12 +88,31 @@ def shared_data() -> Path | None:
 
 
 # A test that needs the shared data skips without it, saying so with one of these words; under CI=true
-# such a skip is a failure (pytest_runtest_makereport below): a CI run must not pass by skipping.
+# such a skip is a failure (pytest_runtest_makereport below): a CI run must not pass by skipping. A test that
+# needs something of the environment (a compiled extension, an optional module such as kenlm or pyctcdecode)
+# calls require_env / require_module instead of pytest.skip / importorskip: the same rule, in one place.
 DATA_SKIP_WORDS = ("shared", "oracle", "ptb", "seqlm_data", "gcide", "lattice")
 
 
 def _ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_env(reason: str) -> None:
+    """Skip this test because the environment lacks something it needs (a compiled extension that could not be
+    built, an optional module not installed); under CI=true fail instead: CI must have it all."""
+    if _ci():
+        pytest.fail(f"CI=true: {reason} -- CI must provide it (make test installs the peers and builds the "
+                    f"compiled loops)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)  # inside a test it skips that test; at import, the module
+
+
+def require_module(name: str, reason: str):
+    """`pytest.importorskip(name)`, except that under CI=true a missing module is a failure (require_env)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        require_env(reason)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -15,6 +15,8 @@ from seqlm.data.corpus import id_blocks, read_sentences
 from seqlm.data.native import tokens
 from seqlm.errors import SeqlmError
 
+from conftest import require_env
+
 SPACES = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]  # every white space str.split() knows
 WORDS = ["a", "b", "</s>", "<unk>", "é", "日本", "😀", "x\u200by", "ab", "\u00ad", "w1"]
 
@@ -47,7 +49,7 @@ def encoded(path, table, grow, compiled, monkeypatch, block):
        st.sampled_from([1, 7, 1 << 20]), st.booleans())
 def test_blocks_give_what_splitting_every_line_gives(tmp_path_factory, compiled, pieces, block, grow):
     if compiled and tokens() is None:
-        pytest.skip("the compiled tokenizer could not be built here")
+        require_env("the compiled tokenizer could not be built here")
     text = "".join(pieces)
     path = tmp_path_factory.mktemp("t") / "t.txt"
     path.write_bytes(text.encode("utf-8"))
@@ -62,7 +64,7 @@ def test_blocks_give_what_splitting_every_line_gives(tmp_path_factory, compiled,
 def test_the_compiled_tokenizer_splits_at_every_white_space():
     ext = tokens()
     if ext is None:
-        pytest.skip("the compiled tokenizer could not be built here")
+        require_env("the compiled tokenizer could not be built here")
     for s in SPACES:
         table = {"</s>": 0}
         ids, _ = ext.encode_lines(f"a{s}b".encode(), table, True, -1, 0)

@@ -16,9 +16,9 @@ import pytest
 import seqlm.kenlm as kenlm
 from seqlm.cli import main
 
-from conftest import write_chain_corpus, write_corpus
+from conftest import require_module, write_chain_corpus, write_corpus
 
-pytest.importorskip("pyctcdecode", reason="pyctcdecode is not installed (pip install -e '.[ctc]')")
+require_module("pyctcdecode", "pyctcdecode is not installed (pip install -e '.[ctc]')")
 from seqlm.kenlm.ctc import SeqlmLanguageModel, build_ctcdecoder  # noqa: E402
 
 ALPHA, BETA = 0.6, 1.0
@@ -50,7 +50,7 @@ def kn_dir(tmp_path_factory):
 
 
 def test_kn_beams_equal_pyctcdecode_with_the_kenlm_module(kn_dir):
-    pytest.importorskip("kenlm", reason="the kenlm Python module is not installed")
+    require_module("kenlm", "the kenlm Python module is not installed")
     import pyctcdecode
 
     out, corpus = kn_dir
@@ -90,7 +90,7 @@ def test_partial_words_and_params_follow_pyctcdecode(kn_dir):
 
 
 def test_word_and_partial_scores_equal_pyctcdecode_kenlm_language_model(kn_dir):
-    real_kenlm = pytest.importorskip("kenlm", reason="the kenlm Python module is not installed")
+    real_kenlm = require_module("kenlm", "the kenlm Python module is not installed")
     from pyctcdecode.language_model import LanguageModel
 
     out, _ = kn_dir

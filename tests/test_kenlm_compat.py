@@ -1,7 +1,7 @@
 """seqlm.kenlm against the real kenlm module: the same calls on the same ARPA give the same numbers.
 
 The reference is KenLM's own Python module (`pip install -e '.[kenlm]'`; it compiles from source). Without it
-these tests are skipped, except under CI (the CI variable set), where its absence is a failure. The models:
+these tests are skipped, except under CI=true, where its absence is a failure (conftest.require_module). The models:
 a KN trigram trained by `seqlm train` on a corpus the test writes (kenlm reads its model.arpa, seqlm its
 model directory, i.e. the binary), and the PTB KN5 of the KenLM oracle when $SEQLM_DATA has it.
 """
@@ -25,14 +25,9 @@ from seqlm.cli import main
 from seqlm.errors import SeqlmError
 from test_kn import ORACLE, needs_oracle
 
-from conftest import WORDS, write_chain_corpus, write_corpus
+from conftest import WORDS, require_module, write_chain_corpus, write_corpus
 
-try:
-    import kenlm
-except ImportError:
-    if os.environ.get("CI"):
-        raise
-    pytest.skip("the kenlm Python module is not installed (pip install -e '.[kenlm]')", allow_module_level=True)
+kenlm = require_module("kenlm", "the kenlm Python module is not installed (pip install -e '.[kenlm]')")
 
 SPECIALS = ["<s>", "</s>", "<unk>", "zebra", "CAT"]  # context-only, end, unknown, OOV, OOV by case
 

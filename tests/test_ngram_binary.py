@@ -28,7 +28,7 @@ from seqlm.ngram.index import build_slots, lookup
 from seqlm.ngram.query import NgramModel, State
 from test_kn import ORACLE, arpa_entries, needs_oracle, tiny_stream, token_log10
 
-from conftest import cli_env, write_corpus
+from conftest import cli_env, require_module, write_corpus
 
 MODELS = ["kn3", "kn5", "kn3-prune01", "kn5-prune00112"]
 
@@ -163,7 +163,7 @@ def test_score_perplexity_state_and_corpus_paths_agree(binaries: dict[str, Path]
 
 @needs_oracle
 def test_kenlm_module_agrees_on_a_converted_kenlm_arpa(tmp_path: Path) -> None:
-    kenlm_py = pytest.importorskip("kenlm", reason="the kenlm Python module is not installed")
+    kenlm_py = require_module("kenlm", "the kenlm Python module is not installed")
     r = subprocess.run([sys.executable, "-m", "seqlm", "convert", str(ORACLE / "kn5.arpa.gz"), str(tmp_path / "m.bin")],
                        capture_output=True, text=True, env=cli_env(), timeout=120)
     assert r.returncode == 0, r.stderr

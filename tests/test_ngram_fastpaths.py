@@ -18,6 +18,8 @@ from seqlm.ngram.arpa_write import numpy_assemble
 from seqlm.ngram.counts import sort_keys, unique
 from seqlm.ngram.native import extension
 
+from conftest import require_env
+
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(0, 2**62), max_size=200), st.integers(1, 40), st.integers(0, 5))
@@ -42,7 +44,7 @@ def sort_path(request, monkeypatch):  # the same for every hypothesis example: a
     if request.param == "numpy":
         monkeypatch.setattr(counts, "extension", lambda: None)
     elif extension() is None:
-        pytest.skip("the compiled loops could not be built here")
+        require_env("the compiled loops could not be built here")
     return request.param
 
 
@@ -61,7 +63,7 @@ def test_sort_keys_equals_numpy_sort_and_stable_argsort(sort_path, values: list[
 def test_the_compiled_sort_refuses_negative_keys() -> None:
     ext = extension()
     if ext is None:
-        pytest.skip("the compiled loops could not be built here")
+        require_env("the compiled loops could not be built here")
     key = np.array([3, -1, 2], dtype=np.int64)
     with pytest.raises(ValueError, match="non-negative"):
         ext.radix_sort(key, np.empty_like(key), None, None)
@@ -73,7 +75,7 @@ def test_the_compiled_sort_refuses_negative_keys() -> None:
 def test_compiled_assemble_equals_numpy_and_slicing(data: bytes, pieces: list[tuple[int, int]]) -> None:
     ext = extension()
     if ext is None:
-        pytest.skip("the compiled loops could not be built here")
+        require_env("the compiled loops could not be built here")
     buf = np.frombuffer(data, dtype=np.uint8)
     pieces = [(a % len(data), min(n, len(data) - a % len(data))) for a, n in pieces]
     start = np.array([a for a, _ in pieces], dtype=np.int64)
@@ -88,7 +90,7 @@ def test_compiled_assemble_equals_numpy_and_slicing(data: bytes, pieces: list[tu
 def test_compiled_arpa_lines_refuse_what_they_cannot_write() -> None:
     ext = extension()
     if ext is None:
-        pytest.skip("the compiled loops could not be built here")
+        require_env("the compiled loops could not be built here")
     text = np.frombuffer(b" a b\n", dtype=np.uint8)
     start, length = np.array([0, 2, 4], dtype=np.int64), np.array([2, 2, 1], dtype=np.int64)
     prob = np.array([-1.5], dtype=np.float32)
