@@ -1,7 +1,8 @@
 """Shared by the benchmark scripts: the results file, the machine, and the matmul ceiling.
 
 Every benchmark writes bench/results/NAME.json:
-{"bench", "command", "git_rev", "date", "machine": {"cpu", "threads", "torch"}, "rows": [...]}.
+{"bench", "command", "git_rev", "date", "machine": {"cpu", "cores", "threads", "torch", "cpu_flags"}, "rows": [...]}
+(cpu_flags: which of avx2, avx512f, avx512_bf16, avx512_vnni and amx_* the CPU has; rows before it lack it).
 Rows are merged by name, so a row can be run (and re-run) alone.
 """
 
@@ -38,6 +39,33 @@ def git_rev() -> str:
         return "unknown"
 
 
+# The CPU features that bf16, int8 and wide-vector speeds depend on; a row records which of them its machine had.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni")
+
+
+def cpu_flags() -> list[str] | None:
+    """Which of CPU_FLAGS and of the amx_* flags this CPU has, as `lscpu` (the kernel's cpuinfo) lists them;
+    None when the list cannot be read (not Linux)."""
+    flags = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    if flags is None:
+        try:
+            out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+            line = next((ln for ln in out.splitlines() if ln.startswith("Flags:")), None)
+            flags = set(line.split(":", 1)[1].split()) if line else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if flags is None:
+        return None
+    return [f for f in CPU_FLAGS if f in flags] + sorted(f for f in flags if f.startswith("amx_"))
+
+
 def machine() -> dict:
     cpu = platform.processor() or "unknown"
     try:
@@ -48,6 +76,9 @@ def machine() -> dict:
     except OSError:
         pass
     info = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    flags = cpu_flags()
+    if flags is not None:
+        info["cpu_flags"] = flags  # an empty list: none of them
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
