@@ -141,7 +141,8 @@ def test_an_rnn_model_evaluated_with_k_iterations_and_exactly():
     assert torch.allclose(with_iterations(rnn, None).score(batch), exact, atol=1e-12)
     assert torch.allclose(with_iterations(rnn, 9).score(batch), exact, atol=1e-10)  # K >= T: exact
     assert not torch.allclose(with_iterations(rnn, 2).score(batch), exact, atol=1e-6)
-    assert with_iterations(rnn, 2).context_order == 3 and with_iterations(rnn, None).context_order is None
+    assert with_iterations(rnn, 2).capabilities().context_order == 3
+    assert with_iterations(rnn, None).capabilities().context_order is None
 
 
 def test_cli_trains_an_afp_model_and_evaluates_it_at_other_k(tmp_path, capsys):
@@ -161,7 +162,7 @@ def test_cli_trains_an_afp_model_and_evaluates_it_at_other_k(tmp_path, capsys):
     assert res["exact"] == pytest.approx(res["40"], rel=1e-5)  # sentences are shorter than 40
     assert res["exact"] != pytest.approx(res["3"], rel=1e-4)
     model = seqlm.load(out)
-    assert model.context_order == 4
+    assert model.capabilities().context_order == 4
     assert main(["eval", str(out), "--data", str(corpus), "--iterations", "0"]) == 2
 
 

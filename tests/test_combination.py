@@ -21,7 +21,7 @@ import seqlm
 from seqlm.cli import main
 from seqlm.data.batching import sentence_batches
 from seqlm.data.corpus import encode_file, encode_sentences
-from seqlm.eval.perplexity import LOG10, can_stream, score_tokens
+from seqlm.eval.perplexity import LOG10, can_stream, score_tokens, text_logp
 from seqlm.models.mixture import MixtureModel, fit_weights, mix_logp
 
 from conftest import SEQ_LEN, TINY, write_corpus
@@ -95,7 +95,7 @@ def test_score_is_log_of_the_weighted_sum(models):
 def test_em_weights_sum_to_one_and_never_lose_to_equal_weights(models):
     mix = mixture(models, ["fnn", "rnn", "kn"], [1 / 3] * 3)
     valid = encode_file(models["corpus"] / "valid.txt", mix.vocab)
-    per = mix.component_logp(valid)  # (3, N)
+    per = mix.component_logp(valid, False, 4096, text_logp)  # (3, N)
     w = fit_weights(per)
     assert w.sum() == pytest.approx(1.0) and (w >= 0).all()
     assert mix_logp(per, w).sum() >= mix_logp(per, np.full(3, 1 / 3)).sum() - 1e-9
@@ -117,7 +117,7 @@ def test_interpolate_round_trips_through_load_and_eval(models, tmp_path, capsys)
     r = json.loads(out)
     assert r["weights_from"] == "em" and sum(r["weights"]) == pytest.approx(1.0) and r["mode"] == "sentence"
     equal = mixture({"fnn": tree / "fnn", "kn": tree / "kn"}, ["fnn", "kn"], [0.5, 0.5])
-    equal_ppl = math.exp(-equal.score_text(encode_file(valid, equal.vocab)).mean())
+    equal_ppl = math.exp(-equal.score_text(encode_file(valid, equal.vocab), False, 4096, text_logp).mean())
     assert r["valid_ppl"] <= equal_ppl and r["valid_ppl"] <= min(r["component_valid_ppl"]) * (1 + 1e-4)
     saved = json.loads((tree / "mix" / "config.json").read_text())
     assert saved["family"] == "mix" and saved["model"]["components"] == ["../fnn", "../kn"]

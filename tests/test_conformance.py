@@ -263,7 +263,7 @@ def test_lattice_expansion_gives_every_path_its_own_score(zoo, name, tmp_path):
     merged = expand(lat, model, WordMap(model.vocab), merge_order=2)  # the default expansion, histories merged
     sents, got = _path_scores(merged.lattice)
     assert len(sents) == n_paths and np.isfinite(got).all()
-    if getattr(model, "context_order", None):  # finite context: its own order is exact already
+    if model.capabilities().context_order:  # finite context: its own order is exact already
         assert merged.exact
         np.testing.assert_allclose(got, _totals(model, sents), atol=1e-4)
     # and through the command line, the expanded lattice written back

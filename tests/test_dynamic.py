@@ -21,7 +21,7 @@ from seqlm.data.corpus import encode_file
 from seqlm.errors import SeqlmError
 from seqlm.eval.dynamic import Dynamic, dynamic_logp
 from seqlm.eval.interpolate import interpolate
-from seqlm.eval.perplexity import evaluate, score_tokens
+from seqlm.eval.perplexity import evaluate, score_tokens, text_logp
 from seqlm.models.mixture import MixtureModel, mix_logp
 
 from conftest import SEQ_LEN, TINY, write_chain_corpus
@@ -31,7 +31,7 @@ TRANSFORMER = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32
 RUNS = {
     "rnn": ["--max-epochs", "1", SEQ_LEN, "10", "--batch-size", "8", *TINY],
     "lstm": ["--max-epochs", "1", SEQ_LEN, "10", "--batch-size", "8", *TINY],
-    "transformer": ["--max-epochs", "1", *TRANSFORMER],
+    "transformer": ["--max-epochs", "1", "--cross-sentence", "true", *TRANSFORMER],  # a model for stream mode
     "fnn": ["--max-epochs", "1", *TINY],
     "kn": ["--order", "2"],
     "cache": ["--window", "20"],
@@ -121,7 +121,7 @@ def test_cli_dynamic_eval_leaves_the_model_as_it_was(models, name, capsys):
     assert _digest(models[name]) == before
     model = seqlm.load(models[name])  # the Python API: the model object passed in is not changed either
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    Dynamic(model, 0.3).score_text(text_of(models, model), True)
+    Dynamic(model, 0.3).score_text(text_of(models, model), True, 4096, text_logp)
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
 
 

@@ -13,10 +13,10 @@ from seqlm.cli import main
 from seqlm.data.corpus import read_sentences
 from seqlm.data.vocab import Vocab
 from seqlm.eval.generate import beam_search
-from seqlm.protocol import select_state
+from seqlm.protocol import LMBase, select_state
 
 
-class Bigram:
+class Bigram(LMBase):
     """A protocol model with a fixed random bigram table: the reference is easy to enumerate."""
 
     def __init__(self, seed: int, V: int = 5, p_end: float = 0.45):
@@ -67,7 +67,7 @@ def test_a_wider_beam_never_finds_a_worse_best_sentence():
 
 def test_select_state_reorders_every_tensor_of_a_nested_state():
     state = ([torch.arange(3), torch.arange(6).view(3, 2)], torch.tensor([True, False, True]), None)
-    sel = select_state(object(), state, torch.tensor([2, 2, 0]))  # a model without its own: batch-first
+    sel = select_state(LMBase(), state, torch.tensor([2, 2, 0]))  # the default layout: batch-first
     assert sel[0][0].tolist() == [2, 2, 0] and sel[0][1].tolist() == [[4, 5], [4, 5], [0, 1]]
     assert sel[1].tolist() == [True, True, True] and sel[2] is None
 

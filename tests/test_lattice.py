@@ -92,7 +92,7 @@ def _train(tmp_path: Path, corpus: Path, name: str, *opts: str) -> Path:
 
 
 def _finite(model):
-    assert model.context_order is not None  # n-gram, FNN and AFP-K models say their order themselves
+    assert model.capabilities().context_order is not None  # n-gram, FNN and AFP-K models say their order themselves
     return model
 
 

@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch import nn
 
 from seqlm import checkpoint as ckpt
 from seqlm.config import DataConfig, from_dict
-from seqlm.data.corpus import encode_sentences
+from seqlm.data.corpus import tokenize_raw
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.eval.generate import sample
 from seqlm.eval.perplexity import LOG10, score_tokens
-from seqlm.protocol import LanguageModel
+from seqlm.protocol import LanguageModel, encode_lines
 
 ARPA_SUFFIXES = (".arpa", ".arpa.gz", ".lm", ".lm.gz")
 
@@ -30,11 +31,18 @@ def save(model: Any, out: str | Path, data: DataConfig | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     family(model.family).save(model, out)
     model.vocab.save(out / ckpt.VOCAB)
-    meta = {"family": model.family, "model": asdict(model.config)}
-    data = data or getattr(model, "data_config", None)
     if data is not None:
-        meta["data"] = asdict(data)
-    ckpt.write_json(out / ckpt.CONFIG, meta)
+        model.data_config = data
+    ckpt.write_json(out / ckpt.CONFIG, model_meta(model))
+
+
+def model_meta(model: LanguageModel) -> dict[str, Any]:
+    """config.json: the family, its config, how text was read, and the model's contract (text conventions and
+    capabilities, written for readers of the directory; seqlm derives them again from the model on load)."""
+    meta = {"family": model.family, "model": asdict(model.config)}
+    if model.data_config is not None:
+        meta["data"] = asdict(model.data_config)
+    return meta | {"text": asdict(model.text_spec()), "capabilities": asdict(model.capabilities())}
 
 
 def load(path: str | Path) -> LanguageModel:
@@ -49,6 +57,7 @@ def load(path: str | Path) -> LanguageModel:
 
         model = load_ngram_file(path)
         model.family, model.config = "kn", KNConfig(order=model.order)
+        model.data_config = DataConfig()  # an ARPA file's words are whitespace-separated tokens
         return model
     if not path.is_dir():
         raise SeqlmError(f"{path}: no such model directory (train one with `seqlm train --out {path}`)")
@@ -71,16 +80,17 @@ def load(path: str | Path) -> LanguageModel:
     return model
 
 
-def _token_lists(sentences: Sequence[str | Sequence[str]]) -> list[list[str]]:
-    """Each sentence as its tokens: a list of words as given, a string split on whitespace (like KenLM's
-    Python API), never a string's characters."""
+def _token_lists(sentences: Sequence[str | Sequence[str]], raw: bool = False) -> list[list[str]]:
+    """Each sentence as its words: a list of words as given, a string split on whitespace (like KenLM's
+    Python API; by seqlm.data.corpus.tokenize_raw for a model trained on raw text), never a string's
+    characters: a character model reads the words' characters itself (protocol.encode_lines)."""
     if isinstance(sentences, str):
         raise SeqlmError("score_text takes a list of sentences, got one string; use score_text(lm, [text]) or "
                          "score_sentence(lm, text)")
     out = []
     for i, s in enumerate(sentences):
         if isinstance(s, str):
-            out.append(s.split())
+            out.append([w for part in tokenize_raw(s) for w in part] if raw else s.split())
         elif isinstance(s, Sequence) and all(isinstance(w, str) for w in s):
             out.append(list(s))
         else:
@@ -92,9 +102,10 @@ def score_text(model: LanguageModel, sentences: Sequence[str | Sequence[str]]) -
     """log10 probability of every token of every sentence, `</s>` last (KenLM's full_scores).
 
     A sentence is a list of words, or a string, which is split on whitespace: `["the cat sat"]` and
-    `[["the", "cat", "sat"]]` score the same.
+    `[["the", "cat", "sat"]]` score the same. The model's text conventions apply (its unit: a character
+    model scores every character and word boundary; raw text).
     """
-    stream = encode_sentences(_token_lists(sentences), model.vocab)
+    stream = encode_lines(model, _token_lists(sentences, model.text_spec().raw))
     logp = score_tokens(model, stream).logp / LOG10
     starts = stream.starts
     return [logp[starts[i] : starts[i + 1]].tolist() for i in range(stream.num_sentences)]
@@ -102,11 +113,11 @@ def score_text(model: LanguageModel, sentences: Sequence[str | Sequence[str]]) -
 
 def score_sentence(model: LanguageModel, sentence: str) -> float:
     """log10 P(sentence </s> | <s>), like KenLM's `model.score(sentence)`."""
-    return float(np.sum(score_text(model, [sentence.split()])[0]))
+    return float(np.sum(score_text(model, [sentence])[0]))
 
 
 def perplexity(model: LanguageModel, sentence: str) -> float:
-    scores = score_text(model, [sentence.split()])[0]
+    scores = score_text(model, [sentence])[0]
     return math.pow(10.0, -sum(scores) / len(scores))
 
 
@@ -133,12 +144,8 @@ def describe(path: str | Path) -> dict:
         info.update(config=None, source=f"{kind}, not a seqlm model directory: no config")
     else:
         info["config"] = asdict(model.config)
-    if hasattr(model, "sizes"):  # n-gram tables
-        sizes = list(model.sizes)
-        info.update(order=len(sizes), ngrams={str(n): c for n, c in enumerate(sizes, 1)},
-                    parameters=sum(sizes) + sum(sizes[:-1]))
-    else:
-        params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
+    if isinstance(model, nn.Module):
+        params = sum(p.numel() for p in model.parameters())
         by_layer = parameters_by_layer(model)
         if by_layer:  # a shared embedding/output matrix counts once, under whichever name holds it
             by_layer["embedding+output"] = sum(by_layer.get(k, 0) for k in ("embedding", "embed", "out"))
@@ -146,7 +153,8 @@ def describe(path: str | Path) -> dict:
         tied = getattr(model.config, "tie_embeddings", None)
         if tied is not None:
             info["tied"] = tied  # True: the output layer reuses the input embedding (counted once)
+    else:
+        info["parameters"] = None  # a count-based model says what it stores in describe()
+    info.update(model.describe())  # n-gram sizes, a history rule
     info["vocab_size"] = len(model.vocab)
-    if hasattr(model, "history"):
-        info["history"] = model.history
-    return info
+    return info | {"text": asdict(model.text_spec()), "capabilities": asdict(model.capabilities())}

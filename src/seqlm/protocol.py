@@ -1,7 +1,10 @@
-"""The one interface every model family offers, the Kneser-Ney n-gram model included.
+"""The one interface every model family offers, the Kneser-Ney n-gram model included, and the contract each
+model states: its text conventions (`TextSpec`) and what it can do (`Capabilities`).
 
-Evaluation, scoring, rescoring, interpolation and generation are written once against this
-protocol; none of them asks which family a model is.
+Evaluation, scoring, rescoring, interpolation, decoding and generation are written once against this
+protocol; none of them asks which family a model is, and none probes for optional attributes: what a
+caller needs is a method of `LanguageModel` (with a default in `LMBase`) or a declared capability, and the
+`check_*` functions below give the one-line refusals every command shares.
 
 A `Batch` holds B rows of T predicted positions. Row b predicts `targets[b, t]` from the inputs up
 to and including `inputs[b, t]`. A sentence starts wherever `resets[b, t]` is True: there the input
@@ -11,22 +14,26 @@ are both Batches; only the reset pattern differs.
 
 States of `step` are batched: one row per sequence. Beam search keeps and reorders rows, lattice expansion
 picks rows of many `step` calls and concatenates them; both do so only through `select_state` and
-`cat_states` below, never by looking inside a state. By default a state is a tensor, or nested tuples /
-lists / dicts of tensors, each with the batch on dimension 0, and rows concatenate along it. A family
-whose state is laid out otherwise (an LSTM's (layers, B, H), a Transformer's key/value caches of different
-lengths, a mixture's per-component states) defines methods `select_state(state, rows)` and
-`cat_states(states)` with the same meaning, and the helpers use them.
+`cat_states`, never by looking inside a state. By default (`LMBase`) a state is a tensor, or nested tuples /
+lists / dicts of tensors, each with the batch on dimension 0, and rows concatenate along it. A family whose
+state is laid out otherwise (an LSTM's (layers, B, H), a Transformer's key/value caches of different
+lengths, a mixture's per-component states) overrides both methods.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from seqlm.data.vocab import Vocab
+from seqlm.config import DataConfig
+from seqlm.data.corpus import TokenStream, encode_file, encode_sentences
+from seqlm.data.vocab import BOS, Vocab
+from seqlm.errors import SeqlmError
 
 State = Any  # whatever a family needs to continue a sequence (hidden vector, recent ids, codes)
 
@@ -48,9 +55,11 @@ class Batch:
 
 @runtime_checkable
 class LanguageModel(Protocol):
-    """What eval/score/rescore/interpolate/generate rely on."""
+    """What eval/score/rescore/interpolate/decode/generate rely on: the whole contract. `LMBase` gives the
+    optional methods their defaults; a family overrides what it does otherwise."""
 
     vocab: Vocab
+    family: str  # the registry name (seqlm.registry.FAMILIES), set by seqlm.load and by training
 
     def score(self, batch: Batch) -> Tensor:
         """(B, T) natural-log probability of each target; 0 where `mask` is False."""
@@ -63,6 +72,28 @@ class LanguageModel(Protocol):
     def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State]:
         """Read tokens (B,) and return log-probabilities of the next token (B, V) and the new state."""
         ...
+
+    def capabilities(self) -> Capabilities: ...
+
+    def text_spec(self) -> TextSpec: ...
+
+    def select_state(self, state: State, rows: Tensor) -> State: ...
+
+    def cat_states(self, states: list[State]) -> State: ...
+
+    def step_targets(self, tokens: Tensor, state: State, rows: Tensor, targets: Tensor) -> tuple[Tensor, State]: ...
+
+    def score_text(self, stream: TokenStream, stream_mode: bool, max_tokens: int, scorer: Any) -> Any: ...
+
+    def component_logp(self, stream: TokenStream, stream_mode: bool, max_tokens: int, scorer: Any) -> Any: ...
+
+    def settings(self) -> dict[str, Any]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def untie(self) -> bool: ...
+
+    def generate_lines(self, args: Any) -> list[str] | None: ...
 
 
 @runtime_checkable
@@ -79,14 +110,12 @@ class StreamingModel(LanguageModel, Protocol):
 
 def select_state(model: LanguageModel, state: State, rows: Tensor) -> State:
     """The state of rows `rows` (R,) of a batched `state`, in that order (a row may repeat)."""
-    own = getattr(model, "select_state", None)
-    return own(state, rows) if own is not None else _select_batch_first(state, rows)
+    return model.select_state(state, rows)
 
 
 def cat_states(model: LanguageModel, states: list[State]) -> State:
     """One batched state holding the rows of `states` (a non-empty list), in order."""
-    own = getattr(model, "cat_states", None)
-    return own(states) if own is not None else _cat_batch_first(states)
+    return model.cat_states(states)
 
 
 def _select_batch_first(state: State, rows: Tensor) -> State:
@@ -110,11 +139,184 @@ def _cat_batch_first(states: list[State]) -> State:
     return first  # no per-row content (None, a number)
 
 
-def context_order(model: LanguageModel) -> int | None:
-    """n when the model predicts from its last n-1 tokens only (a finite-context model), else None.
+def model_device(model: LanguageModel) -> torch.device:
+    """Where a model's weights are (the first parameter's device); CPU for a model without any."""
+    if isinstance(model, torch.nn.Module):
+        for p in model.parameters():
+            return p.device
+    return torch.device("cpu")
 
-    An optional attribute `context_order` (an n-gram model's order, an AFP-K model's K + 1): with it the
-    lattice rescorer (seqlm.lattice.expand) expands exactly, without asking which family a model is.
-    Models without it are treated as having unbounded histories.
+
+def context_order(model: LanguageModel) -> int | None:
+    """n when the model predicts from its last n-1 tokens only (a finite-context model), else None: with it
+    the lattice rescorer (seqlm.lattice.expand) expands exactly."""
+    return model.capabilities().context_order
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The contract: what a model declares about its text and what it can do. Every command asks these, never a
+# family name or an attribute that may be missing.
+
+UNITS = ("word", "char")
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """How text becomes this model's tokens. Saved in config.json ("text"); `check_text` compares a request
+    against it, so a model is never fed text split another way than it was trained on.
+
+    Blank lines are not sentences, for every command (eval, score, query, rescore, interpolate): they are
+    skipped, and `seqlm score` prints an empty line for each, so its output lines up with its input.
     """
-    return getattr(model, "context_order", None)
+
+    unit: str = "word"  # word | char: characters, with `_` between words
+    raw: bool = False  # untokenised text, split by seqlm.data.corpus.tokenize_raw
+    vocab_size: int = 0
+    vocab_hash: str = ""  # sha256 of the vocabulary's tokens in id order (first 16 hex digits)
+    unk: str = "map"  # map: a word outside the vocabulary is scored as <unk>
+    blank_lines: str = "skip"  # skip: a blank line is no sentence (see the class docstring)
+
+    @staticmethod
+    def of(vocab: Vocab, unit: str = "word", raw: bool = False) -> TextSpec:
+        return TextSpec(unit, raw, len(vocab), vocab_hash(vocab))
+
+    def same_reading(self, other: TextSpec) -> bool:
+        """Whether both read a line of text into the same tokens (vocabularies aside)."""
+        return (self.unit, self.raw, self.blank_lines) == (other.unit, other.raw, other.blank_lines)
+
+    def describe(self) -> str:
+        return f"{self.unit} units from {'raw' if self.raw else 'tokenised'} text"
+
+
+def vocab_hash(vocab: Vocab) -> str:
+    return hashlib.sha256("\n".join(vocab.itos).encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model can do, declared by its family (`LanguageModel.capabilities`) and saved in config.json.
+    tests/test_conformance.py holds every registered family to what it declares."""
+
+    stream: bool = False  # carries its state across sentences (`eval --stream`, `score_stream`)
+    context_order: int | None = None  # n: predicts from its last n-1 tokens only (exact lattice expansion)
+    window: int | None = None  # attends to at most this many tokens; a longer history slides (Transformer)
+    batched_step: bool = True  # `step` advances B independent rows at once
+    dynamic: bool = False  # has weights that dynamic evaluation may update (`eval --dynamic-lr`)
+    quantizable: bool = False  # has Linear/LSTM layers that `seqlm quantize` can make int8
+    peeks: bool = False  # reads the scored sentence itself (a dae model's c(s)): not a plain LM figure
+
+
+class LMBase:
+    """Default implementations of the protocol's optional methods; every family's model class derives from
+    it (before nn.Module). A family overrides what it does otherwise, in its own file."""
+
+    vocab: Vocab
+    family: str = "unnamed"  # the registry name, set by seqlm.load and by training
+    data_config: DataConfig | None = None  # how its text was read, set by seqlm.load and by training
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
+
+    def text_spec(self) -> TextSpec:
+        data = self.data_config or DataConfig()
+        return TextSpec.of(self.vocab, data.unit, data.raw)
+
+    def select_state(self, state: State, rows: Tensor) -> State:
+        """The state of rows `rows` (R,) of a batched `state`, in that order (a row may repeat)."""
+        return _select_batch_first(state, rows)
+
+    def cat_states(self, states: list[State]) -> State:
+        """One batched state holding the rows of `states` (a non-empty list), in order."""
+        return _cat_batch_first(states)
+
+    def step_targets(self, tokens: Tensor, state: State, rows: Tensor, targets: Tensor) -> tuple[Tensor, State]:
+        """`step`, but only ln p of targets (N,) after rows (N,): the lattice expander asks for arcs' words
+        only. A model that can skip the full (B, V) distribution overrides this."""
+        logp, new = self.step(tokens, state)  # (B, V)
+        return logp[rows.to(logp.device), targets.to(logp.device)], new  # (N,)
+
+    def score_text(self, stream: TokenStream, stream_mode: bool, max_tokens: int, scorer: Any) -> Any:
+        """(N,) ln p of every token of a text, for a model that scores text its own way (a mixture: each
+        component in its own mode, through `scorer`, the one evaluation loop of seqlm.eval.perplexity); None:
+        that loop scores the model directly."""
+        return None
+
+    def settings(self) -> dict[str, Any]:
+        """Evaluation settings that change the figure (dynamic evaluation's rate), added to eval's JSON."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """What `seqlm info` adds beyond family, config and parameters (n-gram sizes, a history rule)."""
+        return {}
+
+    def untie(self) -> bool:
+        """Give a tied output matrix its own copy (before int8 quantization); True when there was one."""
+        return False
+
+    def component_logp(self, stream: TokenStream, stream_mode: bool, max_tokens: int, scorer: Any) -> Any:
+        """(K, N) per-component ln p of a text, for a model made of components (a mixture); None otherwise."""
+        return None
+
+    def generate_lines(self, args: Any) -> list[str] | None:
+        """`seqlm generate` output for a model that needs more than a sentence start (a dae: c(s) first);
+        None: the generic sampler and beam search serve it."""
+        return None
+
+
+def stream_refusal(model: LanguageModel) -> str | None:
+    """None when the model can be scored as a stream; else why `--stream` scores it sentence by sentence (a
+    note on stderr, and "mode": "sentence" in the result): scored as a stream it would carry a state it never
+    learnt to use (a sentence-trained Transformer) or reset mid-sentence (a --sentence-independent RNN)."""
+    if model.capabilities().stream:
+        return None
+    return (f"seqlm: this {model.family} model was trained sentence by sentence and cannot carry its state across "
+            "sentences; scoring sentence by sentence")
+
+
+def check_text(model: LanguageModel, raw: bool | None = None, unit: str | None = None) -> TextSpec:
+    """The model's TextSpec, after refusing a request to read text otherwise (`--raw` for a model trained on
+    tokenised text, or the reverse)."""
+    spec = model.text_spec()
+    if raw is not None and raw != spec.raw:
+        raise SeqlmError(f"--raw: this model reads {spec.describe()}; text is read the way the model was "
+                         f"trained, {'drop' if raw else 'add'} --raw" + ("" if raw else " (or leave it out)"))
+    if unit is not None and unit != spec.unit:
+        raise SeqlmError(f"this model reads {spec.unit} units, not {unit} units")
+    return spec
+
+
+def check_same_text(models: list[LanguageModel], names: list[str]) -> TextSpec:
+    """Models that are combined (mixtures, interpolation, rescoring, decoding) must read text alike and share
+    their words: a word one knows and another lacks would be scored as the other's <unk>, and the mixed
+    distribution would no longer sum to one. Refuse, naming the difference."""
+    first = models[0].text_spec()
+    words = _words(models[0].vocab)
+    for m, name in zip(models[1:], names[1:], strict=True):
+        spec = m.text_spec()
+        if not first.same_reading(spec):
+            raise SeqlmError(f"{name} reads {spec.describe()}, {names[0]} reads {first.describe()}: models "
+                             "combined must read text alike")
+        other = _words(m.vocab)
+        if other != words:
+            only_a, only_b = sorted(words - other), sorted(other - words)
+            raise SeqlmError(f"{names[0]} and {name} have different vocabularies ({len(only_a)} words only in "
+                             f"the first, e.g. {only_a[:3]}; {len(only_b)} only in the second, e.g. {only_b[:3]}): "
+                             "a mixture would not sum to one; combine models trained with one vocabulary")
+    return first
+
+
+def _words(vocab: Vocab) -> set[str]:
+    """The words a model predicts; <s> is context only (ARPA files have it, neural models read </s>)."""
+    return set(vocab.itos) - {BOS}
+
+
+def encode_text(model: LanguageModel, path: str | Path, raw: bool | None = None) -> TokenStream:
+    """A text file as the model reads text (its unit, raw or not): the one reader every command uses. `raw`
+    is what the user asked for (None: the model's own setting); a different one is refused."""
+    spec = check_text(model, raw)
+    return encode_file(path, model.vocab, spec.raw, unit=spec.unit)
+
+
+def encode_lines(model: LanguageModel, sentences: list[list[str]]) -> TokenStream:
+    """In-memory sentences (lists of words: the API, n-best hypotheses) as the model reads them."""
+    return encode_sentences(sentences, model.vocab, unit=model.text_spec().unit)

@@ -84,6 +84,19 @@ def read_blocks(path: str | Path, raw: bool = False, unit: str = "word") -> Iter
             yield [as_units(toks, unit) for line in lines if (toks := line.split())]
 
 
+def sentences_per_line(path: str | Path, raw: bool = False) -> np.ndarray:
+    """(L,) how many sentences each line of the file gives: 0 for a blank line (no sentence, for every
+    command), 1 for a tokenised line, any number for a raw one (split at sentence ends). `seqlm score` uses
+    it to print one line per input line."""
+    counts: list[int] = []
+    for _, text in _text_blocks(path):
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # the empty piece after the block's last newline is no line
+        counts.extend(len(tokenize_raw(line)) if raw else int(bool(line.split())) for line in lines)
+    return np.asarray(counts, dtype=np.int64)
+
+
 def _text_blocks(path: str | Path) -> Iterator[tuple[bytes, str]]:
     """The file in blocks of whole lines, as bytes and as text. An encoding error or NUL byte is located
     within its block, so it still names its own line (and its byte within the line)."""

@@ -15,7 +15,7 @@ The updates go to a copy of the model; the model passed in, and its directory on
   scored from a fresh start (with lr 0: static sentence evaluation, to rounding).
 
 It applies to models with weights and a history that runs on (the recurrent families and the
-Transformer: seqlm.protocol.StreamingModel); n-gram, cache and feed-forward models are refused. In a
+Transformer: Capabilities.dynamic in seqlm.protocol); n-gram, cache and feed-forward models are refused. In a
 mixture every such component learns from its own scores, as the RNNs of Mikolov's combinations do; the
 other components score as usual and the mixture's weights stay fixed.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,16 +33,16 @@ from torch import nn
 from seqlm.data.batching import sentence_rows, stream_batches
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
-from seqlm.eval.perplexity import can_stream, model_device, score_tokens
+from seqlm.eval.perplexity import score_tokens
 from seqlm.models.mixture import mix_logp
-from seqlm.protocol import Batch, LanguageModel, StreamingModel
+from seqlm.protocol import Batch, Capabilities, LanguageModel, LMBase, TextSpec, model_device
 
 DEFAULT_SEGMENT = 20  # tokens per segment (stream mode); sentence mode: whole sentences holding at least this many
 
 
 def updatable(model: LanguageModel) -> bool:
-    """A model dynamic evaluation applies to: trainable weights and a history that can run on."""
-    return (isinstance(model, nn.Module) and isinstance(model, StreamingModel)
+    """A model dynamic evaluation applies to: it declares so (trainable weights, a history that runs on)."""
+    return (model.capabilities().dynamic and isinstance(model, nn.Module)
             and any(p.requires_grad for p in model.parameters()))
 
 
@@ -68,6 +69,7 @@ def _segments(model: LanguageModel, stream: TokenStream, stream_mode: bool,
 def dynamic_logp(model: LanguageModel, stream: TokenStream, stream_mode: bool, lr: float,
                  segment: int = DEFAULT_SEGMENT) -> np.ndarray:
     """(N,) ln p of every token, each scored before the one update that sees it (module docstring)."""
+    stream_mode = stream_mode and model.capabilities().stream  # else by sentence, as static evaluation scores it
     net = copy.deepcopy(model)  # the caller's model (and the directory it came from) stay as they were
     net.eval()  # no dropout: the scores are the model's own, and so is the gradient
     params = [p for p in net.parameters() if p.requires_grad]
@@ -91,7 +93,7 @@ def dynamic_logp(model: LanguageModel, stream: TokenStream, stream_mode: bool, l
     return out
 
 
-class Dynamic:
+class Dynamic(LMBase):
     """A model under dynamic evaluation, for `evaluate` / `score_tokens`: it scores whole texts its own
     way (`score_text`), like a mixture. Each call starts again from the saved weights."""
 
@@ -103,25 +105,29 @@ class Dynamic:
         segment = DEFAULT_SEGMENT if segment is None else segment
         if segment < 1:
             raise SeqlmError(f"--dynamic-segment must be at least 1 token, got {segment}")
-        parts = getattr(model, "components", [model])  # a mixture: its components learn, each on its own
-        if not any(updatable(m) for m in parts):
-            raise SeqlmError(f"--dynamic-lr: a {getattr(model, 'family', 'this')} model has no weights with a "
+        if not model.capabilities().dynamic:  # a mixture: when one of its components learns
+            raise SeqlmError(f"--dynamic-lr: a {model.family} model has no weights with a "
                              "running history to update; dynamic evaluation applies to rnn, afp, lstm and "
                              "transformer models, and mixtures holding one")
         self.model, self.lr, self.segment = model, float(lr), segment
-        self.vocab = model.vocab
-        self.data_config = getattr(model, "data_config", None)
-        self.sentence_independent = getattr(model, "sentence_independent", False)
-        self.can_stream = can_stream(model)
-        self.settings = {"dynamic_lr": self.lr, "dynamic_segment": segment}
+        self.vocab, self.family = model.vocab, model.family
+
+    def capabilities(self) -> Capabilities:
+        return self.model.capabilities()
+
+    def text_spec(self) -> TextSpec:
+        return self.model.text_spec()
+
+    def settings(self) -> dict[str, Any]:
+        return {"dynamic_lr": self.lr, "dynamic_segment": self.segment}
 
     def _score(self, model: LanguageModel, stream: TokenStream, stream_mode: bool, max_tokens: int) -> np.ndarray:
         if updatable(model):
             return dynamic_logp(model, stream, stream_mode, self.lr, self.segment)
         return score_tokens(model, stream, stream_mode, max_tokens).logp  # a mixture's static component
 
-    def score_text(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
-        if hasattr(self.model, "component_logp"):  # a mixture: each component in its own mode
-            per = self.model.component_logp(stream, stream_mode, max_tokens, scorer=self._score)  # (K, N)
+    def score_text(self, stream: TokenStream, stream_mode: bool, max_tokens: int, scorer: Any) -> np.ndarray:
+        per = self.model.component_logp(stream, stream_mode, max_tokens, self._score)  # (K, N): a mixture
+        if per is not None:  # each component in its own mode
             return mix_logp(per, self.model.weights)
-        return self._score(self.model, stream, stream_mode and can_stream(self.model), max_tokens)
+        return self._score(self.model, stream, stream_mode and self.model.capabilities().stream, max_tokens)

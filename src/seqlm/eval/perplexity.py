@@ -17,14 +17,25 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from seqlm.data.batching import sentence_batches, stream_batches
+from seqlm.data.batching import (
+    CONTEXT,
+    MAX_LEN,
+    Rows,
+    continued_groups,
+    continued_rows,
+    long_sentences,
+    sentence_batches,
+    stream_batches,
+)
 from seqlm.data.corpus import TokenStream
-from seqlm.protocol import LanguageModel, StreamingModel
+from seqlm.protocol import LanguageModel, StreamingModel, context_order, model_device, stream_refusal
 
 LOG10 = math.log(10.0)
 
@@ -40,22 +51,15 @@ class Scores:
         return np.add.reduceat(self.logp, np.asarray(self.stream.starts[:-1])) if len(self.logp) else self.logp
 
 
-def model_device(model: LanguageModel) -> torch.device:
-    params = getattr(model, "parameters", None)
-    if params is not None:
-        for p in params():
-            return p.device
-    return torch.device("cpu")
-
-
 @torch.no_grad()
 def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = False,
                  max_tokens: int = 4096) -> Scores:
     """ln p of every token of `stream` under `model` (sentence-independent unless stream_mode)."""
-    if hasattr(model, "score_text"):  # a model that scores text its own way (a mixture: each component's mode)
-        return Scores(model.score_text(stream, stream_mode, max_tokens), stream)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
+    own = model.score_text(stream, stream_mode, max_tokens, text_logp)  # a mixture: each component in its own mode
+    if own is not None:
+        return Scores(own, stream)
+    was_training = isinstance(model, torch.nn.Module) and model.training
+    if was_training:
         model.eval()
     device = model_device(model)
     starts = np.asarray(stream.starts)
@@ -69,8 +73,8 @@ def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = 
                 out[pos : pos + n] = logp[0].double().cpu().numpy()
                 pos += n
         else:
-            for rows in sentence_batches(stream, model.vocab.bos_id, max_tokens=max_tokens):
-                logp = model.score(rows.batch.to(device)).double().cpu().numpy()  # (B, T)
+            for rows, logp in score_sentences(model, stream, device, max_tokens):
+                logp = logp.double().cpu().numpy()  # (B, T)
                 mask = rows.batch.mask.numpy()
                 for b in range(logp.shape[0]):
                     vals = logp[b][mask[b]]
@@ -82,15 +86,52 @@ def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = 
     return Scores(out, stream)
 
 
-def can_stream(model: LanguageModel) -> bool:
-    """A StreamingModel, or a model that says it can (a mixture with a recurrent component).
+def history_window(model: LanguageModel) -> int | None:
+    """How many of the latest inputs a prediction may depend on: the model's `context_window()`, else n - 1
+    for a model that declares only its order n (protocol.context_order); None = its whole history."""
+    own = getattr(model, "context_window", None)
+    if own is not None:
+        return own()
+    n = context_order(model)
+    return None if n is None else n - 1
 
-    A model that resets its state at every sentence (`sentence_independent`) cannot: scored as a stream
-    it would carry state inside a chunk and reset at chunk edges, mid-sentence.
+
+def score_sentences(model: LanguageModel, stream: TokenStream, device: torch.device,
+                    max_tokens: int) -> Iterator[tuple[Rows, Tensor]]:
+    """(rows, their ln p (B, T)) for every sentence, each scored with its whole history, however long.
+
+    A sentence longer than MAX_LEN comes in pieces. A model that carries a state from call to call
+    (`score_stream`: the recurrent families, the Transformer's windows) reads the pieces in order, so memory
+    stays bounded on a line of any length; any other model re-reads, before each piece, at least the inputs
+    its window (`history_window`) reaches. A model with neither (an unbounded history read whole, a code of
+    the whole sentence) is given the sentence in one row.
     """
-    if getattr(model, "sentence_independent", False):
-        return False
-    return isinstance(model, StreamingModel) or bool(getattr(model, "can_stream", False))
+    bos = model.vocab.bos_id
+    if isinstance(model, StreamingModel):
+        long = long_sentences(stream)
+        short = np.setdiff1d(np.arange(stream.num_sentences), long)
+        for rows in sentence_batches(stream, bos, max_tokens=max_tokens, sentences=short):
+            yield rows, model.score(rows.batch.to(device))
+        for group in continued_groups(stream, long, max_tokens):
+            state = None
+            for rows in continued_rows(stream, bos, group):
+                logp, state = model.score_stream(rows.batch.to(device), state)  # (B, T)
+                yield rows, logp
+        return
+    window = history_window(model)
+    max_len = MAX_LEN if window is not None else max(1, len(stream.ids))
+    for rows in sentence_batches(stream, bos, max_tokens, max_len, context=max(CONTEXT, window or 0)):
+        yield rows, model.score(rows.batch.to(device))
+
+
+def text_logp(model: LanguageModel, stream: TokenStream, stream_mode: bool, max_tokens: int) -> np.ndarray:
+    """(N,) `score_tokens` as a plain function: how a mixture scores each of its components."""
+    return score_tokens(model, stream, stream_mode, max_tokens).logp
+
+
+def can_stream(model: LanguageModel) -> bool:
+    """Whether the model declares it can carry its history across sentences (Capabilities.stream)."""
+    return model.capabilities().stream
 
 
 def oov_mask(stream: TokenStream, vocab) -> np.ndarray:
@@ -98,17 +139,11 @@ def oov_mask(stream: TokenStream, vocab) -> np.ndarray:
     return np.asarray(stream.ids) == vocab.unk_id
 
 
-def stream_refusal(model: LanguageModel) -> str:
-    """Why `--stream` falls back to sentence-by-sentence scoring for this model (stderr note)."""
-    if getattr(model, "sentence_independent", False):
-        return "seqlm: this model restarts at every sentence (--sentence-independent); scoring sentence by sentence"
-    return "seqlm: this model cannot carry state across sentences; scoring sentence by sentence"
-
-
 def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> dict:
     """The JSON `seqlm eval` prints: ppl, tokens, sentences, oov, ppl_excl_oov, log10prob, mode."""
-    if stream_mode and not can_stream(model):
-        print(stream_refusal(model), file=sys.stderr)
+    note = stream_refusal(model) if stream_mode else None
+    if note:
+        print(note, file=sys.stderr)
         stream_mode = False
     scores = score_tokens(model, stream, stream_mode, max_tokens)
     logp = scores.logp
@@ -124,8 +159,12 @@ def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = Fals
         "ppl_excl_oov": math.exp(-total_in / n_in) if n_in else float("nan"),
         "log10prob": total / LOG10,
         "mode": "stream" if stream_mode else "sentence",
+        "unit": model.text_spec().unit,
     }
-    if getattr(getattr(model, "data_config", None), "unit", "word") == "char":
+    window = model.capabilities().window
+    if window is not None and int(stream.lengths().max(initial=0)) + 1 > window:  # some history slid
+        result["window"] = window
+    if model.text_spec().unit == "char":
         result.update(char_rates(stream, model.vocab, total))
     return result
 

@@ -103,13 +103,9 @@ class _ModelStates:
         tokens = torch.tensor([tok for _, tok in requests])
         rows = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor([len(n) for n in needed]))
         cols = torch.tensor([t for n in needed for t in n], dtype=torch.long)
-        if hasattr(self.model, "step_targets"):  # optional: a model that can skip the full distribution
-            device = model_device(self.model)
-            logp, state = self.model.step_targets(tokens.to(device), state, rows.to(device), cols.to(device))
-            vals = logp.double().cpu().tolist()  # (N,)
-        else:
-            logp, state = self.model.step(tokens.to(model_device(self.model)), state)  # (R, V)
-            vals = logp[rows.to(logp.device), cols.to(logp.device)].double().cpu().tolist()  # only what follows
+        device = model_device(self.model)
+        logp, state = self.model.step_targets(tokens.to(device), state, rows.to(device), cols.to(device))  # (N,)
+        vals = logp.double().cpu().tolist()  # only what follows
         self.calls.append(state)
         self.rows += len(requests)
         out, pos, call = [None] * len(order), 0, len(self.calls) - 1

@@ -5,7 +5,7 @@ same parameter names, so checkpoints of either family load into the other — wi
 h^(K), K fixed-point iterations over the whole batch (seqlm.nn.fixed_point), trained by back-propagating
 through those K parallel iterations (autograd; no sequential BPTT, so `tau` does not apply).
 An AFP-K model predicts from its last K input tokens only: it is a finite-context model of order K + 1
-and says so through `context_order` (protocol.py), which the lattice rescorer reads.
+and declares so (Capabilities.context_order, protocol.py), which the lattice rescorer reads.
 
 `with_iterations(model, K)` puts another history rule on any Elman LM (an `rnn` or an `afp` model, sharing
 its weights): `seqlm eval --iterations K|exact`.
@@ -21,10 +21,10 @@ from torch import Tensor, nn
 from seqlm.config import TrainConfig, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.models.rnn import RNNConfig, build_rnn, rnn_batches
+from seqlm.models.rnn import RNNLM, RNNConfig, build_rnn, rnn_batches
 from seqlm.nn.elman import Elman
 from seqlm.nn.fixed_point import fixed_point, window_state
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
 
 def _rnn_training() -> TrainConfig:
@@ -53,7 +53,7 @@ class AFPConfig:
         return RNNConfig(**shared)
 
 
-class AFPLM(nn.Module):
+class AFPLM(LMBase, nn.Module):
     """An Elman LM whose history is h^(K) (iterations K) or the exact recurrence (iterations None).
 
     The modules are passed in (composition): `build_afp` takes them from a freshly built rnn-family model,
@@ -66,16 +66,22 @@ class AFPLM(nn.Module):
         self.vocab, self.iterations, self.sentence_independent = vocab, iterations, sentence_independent
         self.drop, self.embedding, self.rnn, self.out = drop, embedding, rnn, out
 
-    @property
-    def context_order(self) -> int | None:
-        """n of the finite-context model AFP-K is (K + 1); None for the exact, unbounded recurrence."""
-        return None if self.iterations is None else self.iterations + 1
+    def capabilities(self) -> Capabilities:
+        # AFP-K is a finite-context model of order K + 1 (exact lattice expansion); exact: unbounded
+        order = None if self.iterations is None else self.iterations + 1
+        return Capabilities(stream=not self.sentence_independent, context_order=order, dynamic=True,
+                            quantizable=True)
 
-    @property
-    def history(self) -> str:
+    def describe(self) -> dict[str, str]:
         if self.iterations is None:
-            return "exact (sequential Elman recurrence, unbounded history)"
-        return f"fixed-point, K={self.iterations} iterations (finite context: order {self.iterations + 1})"
+            return {"history": "exact (sequential Elman recurrence, unbounded history)"}
+        return {"history": f"fixed-point, K={self.iterations} iterations (finite context: order "
+                           f"{self.iterations + 1})"}
+
+    def context_window(self) -> int | None:
+        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
+        AFP-K reads its last K inputs; the exact recurrence, all."""
+        return self.iterations
 
     def _states(self, x: Tensor, h_first: Tensor, resets: Tensor) -> Tensor:
         """Hidden states (B, T, H) of inputs x (B, T, E) under this model's history rule."""
@@ -88,7 +94,8 @@ class AFPLM(nn.Module):
 
     def forward(self, batch: Batch, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         B = batch.inputs.shape[0]
-        if state is None or self.sentence_independent:
+        if state is None or (self.sentence_independent and bool(batch.resets[:, 0].all())):
+            # mid-sentence (the rest of a long line, seqlm.eval.perplexity) even this model carries its state
             state = self.rnn.initial_state(B, batch.inputs.device)  # (B, H)
         h = self._states(self.drop(self.embedding(batch.inputs)), state, batch.resets)  # (B, T, H)
         logp = self.out.target_log_probs(self.drop(h).flatten(0, 1), batch.targets.flatten()).view(B, -1)  # (B, T)
@@ -144,13 +151,13 @@ class AFPLM(nn.Module):
 
 def with_iterations(model: nn.Module, iterations: int | None) -> AFPLM:
     """The same Elman LM (shared weights) under another history rule: K iterations, or None = exact."""
-    if not isinstance(getattr(model, "rnn", None), Elman):
+    if not isinstance(model, (RNNLM, AFPLM)):
         raise SeqlmError("--iterations applies to Elman RNN models (families rnn and afp) only")
     view = AFPLM(model.vocab, model.embedding, model.rnn, model.out, model.drop, iterations,
                  model.sentence_independent)
-    for attr in ("family", "config", "data_config"):  # set by seqlm.load / new_model, absent on a bare build
-        if hasattr(model, attr):
-            setattr(view, attr, getattr(model, attr))
+    view.family, view.data_config = model.family, model.data_config
+    if "config" in vars(model):  # set by seqlm.load / new_model, absent on a bare build
+        view.config = model.config
     view.train(model.training)
     return view
 

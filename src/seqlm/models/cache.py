@@ -27,7 +27,7 @@ from seqlm import checkpoint as ckpt
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
 CHUNK = 1 << 22  # history entries compared at a time when scoring: (rows x positions x window) per piece
 
@@ -47,7 +47,7 @@ class CacheConfig:
             raise SeqlmError(f"--alpha must be positive (it keeps unseen words possible), got {self.alpha}")
 
 
-class CacheModel:
+class CacheModel(LMBase):
     """The LanguageModel and StreamingModel protocols over a window of recent inputs.
 
     A state is (window (B, N) of token ids, oldest first, -1 where empty; fresh (B,) True until the start
@@ -62,6 +62,10 @@ class CacheModel:
         self.weights = torch.tensor([config.decay**k for k in range(n - 1, -1, -1)], dtype=torch.float64)  # (N,)
         self.excluded = vocab.bos_id if vocab.bos_id != vocab.eos_id else None  # <s> is context, never predicted
         self.floor = config.alpha / (len(vocab) - (self.excluded is not None))  # alpha / S
+
+    def capabilities(self) -> Capabilities:
+        # it has no weights to adapt (it adapts by construction) and nothing to quantize
+        return Capabilities(stream=True)
 
     def _counted(self, ids: Tensor) -> Tensor:
         return ids if self.excluded is None else ids.masked_fill(ids == self.excluded, -1)

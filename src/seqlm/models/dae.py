@@ -30,7 +30,7 @@ from seqlm.errors import SeqlmError
 from seqlm.models.transformer import TransformerLM
 from seqlm.nn.bottleneck import GumbelBottleneck, SemanticHashing
 from seqlm.nn.compress import Compress
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
 
 def _dae_training() -> TrainConfig:
@@ -93,7 +93,7 @@ def latent_vocab(bits: int) -> Vocab:
     return Vocab(["</s>", "<unk>"] + [str(i) for i in range(2**bits)])
 
 
-class DAELM(nn.Module):
+class DAELM(LMBase, nn.Module):
     """The sequence model `lm` reading c(s) from `code`, and the `latent` model of the symbols."""
 
     def __init__(self, vocab: Vocab, lm: TransformerLM, code: Compress, latent: TransformerLM, bits: int, peek: bool,
@@ -103,6 +103,9 @@ class DAELM(nn.Module):
         self.latent_share = latent_share
         self.fixed_start = fixed_start  # > 0: the separator's position, whatever c(s)'s length (s follows it)
         self.sep = nn.Parameter(torch.randn(lm.embed.embedding_dim) * 0.02)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(peeks=bool(self.peek), quantizable=True)
 
     def _prefixed(self, dense: Tensor, m: Tensor, tail: Tensor) -> tuple[Tensor, Tensor]:
         """[reversed c(s), separator, tail] (B, M + 1 + T, D) and its resets. Rows with fewer symbols are padded
@@ -136,7 +139,12 @@ class DAELM(nn.Module):
     def forward(self, batch: Batch, state: None = None):
         dense, symbols, m = self.encode(batch)
         x, resets = self._prefixed(dense, m, self.lm.embed(batch.inputs))
-        h = self.lm.windows(x, resets, pos=self._positions(x, dense.shape[1]))[:, dense.shape[1] + 1 :]  # (B, T, D)
+        pos = self._positions(x, dense.shape[1])
+        # Without peek nobody attends to c(s): read from the separator on, a sentence longer than the context
+        # slides its windows where `step`, which starts at the separator, slides them.
+        skip = 0 if self.peek else dense.shape[1]
+        h = self.lm.windows(x[:, skip:], resets[:, skip:], pos=None if pos is None else pos[:, skip:])
+        h = h[:, dense.shape[1] + 1 - skip :]  # (B, T, D)
         logp = self.lm.target_logp(h, batch)  # (B, T)
         if not self.training:
             return logp, None

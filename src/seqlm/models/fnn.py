@@ -18,7 +18,7 @@ from seqlm.data.batching import history
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.nn.softmax import FullSoftmax, VocabLayerConfig, build_embedding, build_output
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
 
 def fofe_paper_training() -> TrainConfig:
@@ -97,13 +97,12 @@ class MLPHead(nn.Module):
         return self.softmax.loss(h.flatten(0, -2), targets.flatten()).view(targets.shape)
 
 
-class FNNLM(nn.Module):
+class FNNLM(LMBase, nn.Module):
     def __init__(self, vocab: Vocab, order: int, embed: int, hidden: int, layers: int, dropout: float = 0.0,
                  vocab_layers: VocabLayerConfig | None = None, param_init: str = "xavier"):
         super().__init__()
         self.vocab = vocab
         self.order = order
-        self.context_order = order  # a finite-context model (protocol.context_order): lattices expand exactly
         vl = vocab_layers or VocabLayerConfig()
         self.embedding = build_embedding(vl, vocab, embed)
         if isinstance(self.embedding, nn.Embedding):
@@ -112,6 +111,14 @@ class FNNLM(nn.Module):
                             lambda h: build_output(vl, vocab, h, self.embedding))
         if param_init == "incml":
             incml_init(self.embedding, self.head, vl)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(context_order=self.order, quantizable=True)
+
+    def context_window(self) -> int | None:
+        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
+        An n-gram model reads n - 1."""
+        return self.order - 1
 
     def _context(self, ids: Tensor) -> Tensor:
         ids = torch.where(ids < 0, torch.full_like(ids, self.vocab.bos_id), ids)  # before the start: <s>

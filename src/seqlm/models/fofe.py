@@ -10,6 +10,7 @@ one matrix product (seqlm.nn.fofe.fofe_codes).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -21,8 +22,9 @@ from seqlm.errors import SeqlmError
 from seqlm.models.fnn import INITS, MLPHead, fofe_paper_training, incml_init
 from seqlm.nn.fofe import fofe_codes
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
+FLOAT32_BITS = 24  # significand bits: a term below 2^-24 of a float32 sum does not change it
 
 @dataclass
 class FOFEConfig:
@@ -46,7 +48,7 @@ class FOFEConfig:
             raise SeqlmError(f"--alpha must be in [0, 1], got {self.alpha}")
 
 
-class FOFELM(nn.Module):
+class FOFELM(LMBase, nn.Module):
     def __init__(self, vocab: Vocab, order: int, alpha: float, embed: int, hidden: int, layers: int,
                  dropout: float = 0.0, vocab_layers: VocabLayerConfig | None = None, param_init: str = "xavier",
                  start_pad: str = "zero"):
@@ -60,6 +62,19 @@ class FOFELM(nn.Module):
                             lambda h: build_output(vl, vocab, h, self.embedding))
         if param_init == "incml":
             incml_init(self.embedding, self.head, vl)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(quantizable=True)
+
+    def context_window(self) -> int | None:
+        """The most recent inputs (the start symbol counted) a prediction can depend on, to float32 rounding: an
+        input k back weighs alpha^k against the latest, below float32's resolution 2^-24 from
+        k = ceil(24 ln 2 / -ln alpha) on (what is left out is smaller than the rounding of the code's own sum),
+        and the order-n features reach n - 1 codes further back. None for alpha = 1: such codes never forget."""
+        if self.alpha >= 1.0:
+            return None
+        reach = 1 if self.alpha <= 0.0 else math.ceil(FLOAT32_BITS * math.log(2.0) / -math.log(self.alpha))
+        return reach + self.order - 1
 
     def _features(self, z: Tensor, resets: Tensor) -> Tensor:
         """[z_t; z_{t-1}; ...] with codes from before the sentence start set to zero.

@@ -23,7 +23,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.models.rnn import rnn_batches
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
 State = tuple[Tensor, Tensor]  # (h, c), each (layers, B, H)
 
@@ -78,7 +78,7 @@ class TiedEmbedding(nn.Module):
         return F.embedding(ids, self._proj[0].weight)  # (..., H)
 
 
-class LSTMLM(nn.Module):
+class LSTMLM(LMBase, nn.Module):
     def __init__(self, vocab: Vocab, embed: int, hidden: int, layers: int, dropout: float, tied: bool,
                  output: str, classes: int, cutoffs: str, sentence_independent: bool,
                  vocab_layers: VocabLayerConfig):
@@ -98,6 +98,15 @@ class LSTMLM(nn.Module):
             nn.init.uniform_(p, -0.1, 0.1) if "weight" in name else nn.init.zeros_(p)
         self.drop = nn.Dropout(dropout)
 
+    def capabilities(self) -> Capabilities:
+        # a model trained to restart at every sentence never learnt to use a carried state
+        return Capabilities(stream=not self.sentence_independent, dynamic=True, quantizable=True)
+
+    def context_window(self) -> int | None:
+        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
+        The state holds the whole history."""
+        return None
+
     def initial_state(self, batch_size: int) -> State:
         w = self.lstm.weight_hh_l0
         zeros = w.new_zeros(self.lstm.num_layers, batch_size, self.lstm.hidden_size)  # (L, B, H)
@@ -115,8 +124,8 @@ class LSTMLM(nn.Module):
     def _start(self, batch: Batch, state: State | None) -> State:
         """The state each row starts from: carried over, or fresh where a sentence starts (stream mode)."""
         B = batch.inputs.shape[0]
-        if state is None or self.sentence_independent:
-            return self.initial_state(B)
+        if state is None or (self.sentence_independent and bool(batch.resets[:, 0].all())):
+            return self.initial_state(B)  # mid-sentence (a long line's next piece) the state goes on
         if bool(batch.resets[:, 0].any()):
             keep = (~batch.resets[:, 0]).to(state[0].dtype).view(1, B, 1)  # (1, B, 1)
             return state[0] * keep, state[1] * keep

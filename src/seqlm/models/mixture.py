@@ -8,12 +8,11 @@ directory like any other (family `mix`, built by `seqlm interpolate`): its confi
 component models (directories or ARPA files, stored relative to the mixture directory so the whole
 tree can be moved) and their weights, and eval/score/generate/rescore use it through the protocol.
 
-Vocabularies may differ between components (an RNN's has no <s>, an ARPA model's does). The mixture
-reads text with the first component's vocabulary; every component sees each word through an id
-table (a word it does not know is its <unk>, exactly what scoring the text with it alone would give),
-and at a sentence start each component reads its own start symbol. `step` distributions sum to one
-when the components share their words; where they do not, a component's <unk> probability stands
-for every word it lacks, as in scoring.
+Components must read text alike and predict the same words (protocol.check_same_text refuses others:
+a word one component lacks would be scored as its <unk>, and the mixture would no longer sum to one).
+Their ids may differ (an RNN's vocabulary has no <s>, an ARPA model's does, and orders differ): the
+mixture reads text with the first component's vocabulary, every component sees each word through an id
+table, and at a sentence start each component reads its own start symbol.
 """
 
 from __future__ import annotations
@@ -32,8 +31,17 @@ from torch import Tensor
 from seqlm import checkpoint as ckpt
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
-from seqlm.eval.perplexity import can_stream, model_device, score_tokens
-from seqlm.protocol import Batch, LanguageModel, cat_states, select_state
+from seqlm.protocol import (
+    Batch,
+    Capabilities,
+    LanguageModel,
+    LMBase,
+    TextSpec,
+    cat_states,
+    check_same_text,
+    model_device,
+    select_state,
+)
 
 NOT_TRAINED = ("a mixture is not trained: combine saved models with `seqlm interpolate MODEL_DIR... "
                "--valid FILE --out DIR`")
@@ -109,7 +117,7 @@ def fit_weights(per_component_logp: np.ndarray, iters: int = 50, tol: float = 1e
     return weights
 
 
-class MixtureModel:
+class MixtureModel(LMBase):
     """Per-token linear interpolation of K models behind the LanguageModel protocol.
 
     `paths` says where each component was loaded from, so that the mixture can be saved (see
@@ -125,6 +133,7 @@ class MixtureModel:
             raise SeqlmError("a mixture needs at least one component, each with the path it was loaded from")
         self.components = list(components)
         self.paths = [Path(p).absolute() for p in paths]
+        check_same_text(self.components, [str(p) for p in paths])
         self.vocab = self.components[0].vocab
         self.tables = [torch.tensor([c.vocab.id(w) for w in self.vocab.itos], dtype=torch.long)  # (V,)
                        for c in self.components]
@@ -140,18 +149,24 @@ class MixtureModel:
         self.config = MixtureConfig([str(p) for p in self.paths], w.tolist(), self.sentence_only)
         self.sentence_only = self.config.sentence_only
 
-    @property
-    def can_stream(self) -> bool:
-        """True when some component can carry its history across sentences (the paper's RNN + KN5 setting)."""
-        return any(self._streams(i) for i in range(len(self.components)))
+    def capabilities(self) -> Capabilities:
+        """Streams when some component does (the paper's RNN + KN5 setting); finite-context when all are."""
+        parts = [c.capabilities() for c in self.components]
+        orders = [p.context_order for p in parts]
+        return Capabilities(stream=any(self._streams(i) for i in range(len(parts))),
+                            context_order=None if None in orders else max(orders),
+                            dynamic=any(p.dynamic for p in parts), peeks=any(p.peeks for p in parts))
+
+    def text_spec(self) -> TextSpec:
+        return self.components[0].text_spec()  # check_same_text made them agree; the vocabulary is its
 
     def _streams(self, i: int) -> bool:
         """Whether component i carries its history across sentences when the mixture is scored as a stream."""
-        return i not in self.sentence_only and can_stream(self.components[i])
+        return i not in self.sentence_only and self.components[i].capabilities().stream
 
     def eval(self) -> MixtureModel:
         for c in self.components:
-            if hasattr(c, "eval"):
+            if isinstance(c, torch.nn.Module):
                 c.eval()
         return self
 
@@ -205,16 +220,15 @@ class MixtureModel:
             mixed[:, self.vocab.bos_id] = -torch.inf  # <s> is context only, never predicted
         return mixed, (new_states, torch.zeros_like(fresh))
 
-    def component_logp(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096,
-                       scorer: Scorer | None = None) -> np.ndarray:
+    def component_logp(self, stream: TokenStream, stream_mode: bool, max_tokens: int,
+                       scorer: Scorer) -> np.ndarray:
         """(K, N) ln p of every token under each component, each in its own mode.
 
         With `stream_mode`, components that can carry state across sentences do (Mikolov's rnnlm
         default) and the others score sentence by sentence: the paper's RNN + KN5 combination.
-        `scorer(component, text in its ids, stream_mode, max_tokens)` scores one component (default: the
-        static `score_tokens`; seqlm.eval.dynamic passes dynamic evaluation).
+        `scorer(component, text in its ids, stream_mode, max_tokens)` scores one component (the static
+        seqlm.eval.perplexity.score_tokens, or seqlm.eval.dynamic's dynamic evaluation).
         """
-        scorer = scorer or _static
         ids = np.asarray(stream.ids)
         rows = []
         for i, (comp, table) in enumerate(zip(self.components, self.tables, strict=True)):
@@ -222,16 +236,12 @@ class MixtureModel:
             rows.append(scorer(comp, remapped, stream_mode and self._streams(i), max_tokens))
         return np.stack(rows)  # (K, N)
 
-    def score_text(self, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> np.ndarray:
+    def score_text(self, stream: TokenStream, stream_mode: bool, max_tokens: int, scorer: Scorer) -> np.ndarray:
         """(N,) ln p of every token of a text (`score_tokens` uses this so each component keeps its mode)."""
-        return mix_logp(self.component_logp(stream, stream_mode, max_tokens), self.weights)
+        return mix_logp(self.component_logp(stream, stream_mode, max_tokens, scorer), self.weights)
 
 
 Scorer = Callable[[LanguageModel, TokenStream, bool, int], np.ndarray]  # (N,) ln p of a text under one model
-
-
-def _static(model: LanguageModel, stream: TokenStream, stream_mode: bool, max_tokens: int) -> np.ndarray:
-    return score_tokens(model, stream, stream_mode, max_tokens).logp
 
 
 def relative_config(model: MixtureModel, out: str | Path) -> MixtureConfig:

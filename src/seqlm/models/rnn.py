@@ -33,7 +33,7 @@ from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.nn.elman import Elman
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
 
 def _rnnlm_training() -> TrainConfig:
@@ -70,7 +70,7 @@ class RNNConfig:
             raise SeqlmError(f"--classes must be 0 (sqrt of the vocabulary) or positive, got {self.classes}")
 
 
-class RNNLM(nn.Module):
+class RNNLM(LMBase, nn.Module):
     def __init__(self, vocab: Vocab, hidden: int, embed: int, activation: str, output: str, classes: int,
                  tau: int, sentence_independent: bool, dropout: float = 0.0,
                  vocab_layers: VocabLayerConfig | None = None, truncation: str = "exact"):
@@ -86,6 +86,10 @@ class RNNLM(nn.Module):
         n_cls = min(classes or round(math.sqrt(len(vocab))), len(vocab))
         self.out = build_output(vl, vocab, hidden, self.embedding, output, n_cls)  # seqlm.nn.softmax
 
+    def capabilities(self) -> Capabilities:
+        # a model trained to restart at every sentence never learnt to use a carried state
+        return Capabilities(stream=not self.sentence_independent, dynamic=True, quantizable=True)
+
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         """(log-probs (B, T), next state). Training on a stream (autograd on, tau > 1), the state passed
         between chunks is (the state before the last tau-1 inputs, those inputs (B, tau-1)): each
@@ -94,7 +98,8 @@ class RNNLM(nn.Module):
             raise SeqlmError("rnn batches may start a sentence only in their first column")
         B, device = batch.inputs.shape[0], batch.inputs.device
         state, context = state if isinstance(state, tuple) else (state, None)
-        if state is None or self.sentence_independent:
+        if state is None or (self.sentence_independent and bool(batch.resets[:, 0].all())):
+            # mid-sentence (the rest of a long line, seqlm.eval.perplexity) even this model carries its state
             state, context = self.rnn.initial_state(B, device), None  # (B, H)
         elif bool(batch.resets[:, 0].any()):
             if context is not None:  # a reset cuts the history: bring the other rows to the chunk edge
@@ -128,6 +133,11 @@ class RNNLM(nn.Module):
 
     def score_stream(self, batch: Batch, state: Tensor | None) -> tuple[Tensor, Tensor]:
         return self(batch, state)
+
+    def context_window(self) -> int | None:
+        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
+        The state holds the whole history."""
+        return None
 
     def initial_state(self, batch_size: int) -> Tensor:
         return self.rnn.initial_state(batch_size, next(self.parameters()).device)

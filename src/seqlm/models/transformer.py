@@ -14,6 +14,7 @@ O(length^2), and gives the probabilities `score` gives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,7 @@ from seqlm.config import TrainConfig, choice, dropout_rate, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.nn.transformer import Block, segment_layout, sinusoidal_positions
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
 State = tuple[Tensor, Tensor, Tensor, Tensor]  # step's cache: ids (B, S), keys, values, next position (B,)
 
@@ -42,11 +43,13 @@ def _transformer_training() -> TrainConfig:
 
 @dataclass
 class TransformerConfig:
-    size: str = ""  # "" = the fields below; small (3 x 384, filter 2048) | base (6 x 512, 4096): sets all four
     layers: int = 4  # Transformer blocks
     hidden: int = 256  # hidden size, d_model (--d-model: its old name, still accepted)
     heads: int = 4  # attention heads (hidden must be a multiple)
     d_ff: int = 1024  # feed-forward ("filter") size
+    # a paper size for the four above: small (3 x 384, filter 2048, 6 heads) | base (6 x 512, 4096, 8 heads);
+    # any of the four given with it wins (the size is then recorded as ""); "" = none
+    size: str = ""
     context: int = 128  # W: the most tokens a prediction attends to; learned positions go up to W
     stride: int = 0  # S: new tokens per window when a text is longer than W; 0 = W / 2
     positions: str = "learned"  # learned | sinusoidal
@@ -55,10 +58,17 @@ class TransformerConfig:
     cross_sentence: bool = False  # training: packed sentences attend to earlier ones (a model for stream mode)
     train: TrainConfig = field(default_factory=_transformer_training)
 
+    # What `size` sets. seqlm.config.apply_overrides applies it before the other options and clears the name
+    # when one of them changes a field it set, so applying it again here (a size given by keyword) is a no-op
+    # for a parsed or saved config: an explicit option is never overridden.
+    PRESETS: ClassVar[dict[str, dict[str, dict[str, int]]]] = {
+        "size": {name: dict(zip(("layers", "hidden", "d_ff", "heads"), v, strict=True)) for name, v in SIZES.items()}
+    }
+
     def __post_init__(self) -> None:
         choice("size", self.size, ("", *SIZES))
-        if self.size:
-            self.layers, self.hidden, self.d_ff, self.heads = SIZES[self.size]
+        for key, value in self.PRESETS["size"].get(self.size, {}).items():
+            setattr(self, key, value)
         positive(self, "layers", "hidden", "heads", "d_ff", "context")
         choice("positions", self.positions, ("learned", "sinusoidal"))
         dropout_rate(self.dropout)
@@ -77,7 +87,7 @@ class TransformerConfig:
         return self.stride or self.context // 2
 
 
-class TransformerLM(nn.Module):
+class TransformerLM(LMBase, nn.Module):
     def __init__(self, vocab: Vocab, layers: int, d_model: int, heads: int, d_ff: int, context: int, stride: int,
                  positions: str, tie_embeddings: bool, dropout: float, cross_sentence: bool = False):
         super().__init__()
@@ -95,6 +105,16 @@ class TransformerLM(nn.Module):
         self.apply(_init)
         if positions == "learned":
             nn.init.normal_(self.pos, std=0.02)
+
+    def capabilities(self) -> Capabilities:
+        # trained on separate sentences, it never saw a history crossing a `</s>`: no stream mode (scored so,
+        # its perplexity more than doubles); beyond `context` positions its history slides
+        return Capabilities(stream=self.cross_sentence, window=self.context, dynamic=True, quantizable=True)
+
+    def context_window(self) -> int | None:
+        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
+        W: beyond it `score` and `step` slide the same windows (module docstring)."""
+        return self.context
 
     # -- the network ---------------------------------------------------------------------------------------
     def run(self, x: Tensor, resets: Tensor, pos: Tensor | None = None) -> tuple[Tensor, list]:

@@ -27,14 +27,14 @@ from seqlm.errors import SeqlmError
 from seqlm.ngram.arpa import ArpaData, read_arpa
 from seqlm.ngram.arpa_write import write_arpa
 from seqlm.ngram.index import FIB_INT, lookup, table_bits
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, Capabilities, LMBase
 
 LN10 = math.log(10.0)
 MASK64 = (1 << 64) - 1  # the hash probe multiplies modulo 2^64 (index.py)
 UNK_LOG10_PROB = -100.0  # what KenLM substitutes when an ARPA file has no <unk>
 
 
-class NGramModel:
+class NGramModel(LMBase):
     """Back-off n-gram tables of orders 1..N over `vocab` (which contains <s>, </s> and <unk>)."""
 
     def __init__(
@@ -51,7 +51,6 @@ class NGramModel:
             raise ValueError("n-gram tables do not match each other or the vocabulary")
         self.vocab = vocab
         self.order = len(keys)
-        self.context_order = self.order  # a finite-context model (protocol.context_order): lattices expand exactly
         self.keys = [np.ascontiguousarray(k, dtype=np.int64) for k in keys]  # (M_k,) sorted
         self.log10_prob = [np.asarray(p, dtype=np.float32) for p in log10_prob]  # (M_k,)
         self.log10_backoff = [np.asarray(b, dtype=np.float32) for b in log10_backoff]  # (M_k,) k < N
@@ -60,6 +59,14 @@ class NGramModel:
 
     def __repr__(self) -> str:
         return f"NGramModel(order={self.order}, sizes={self.sizes})"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(context_order=self.order)  # a finite-context model: lattices expand exactly
+
+    def describe(self) -> dict:
+        sizes = self.sizes  # an n-gram model's parameters: a probability per n-gram, a backoff below order N
+        return {"order": len(sizes), "ngrams": {str(n): c for n, c in enumerate(sizes, 1)},
+                "parameters": sum(sizes) + sum(sizes[:-1])}
 
     @property
     def sizes(self) -> list[int]:

@@ -50,13 +50,21 @@ def query(model_path: str, text: TextIO, out: TextIO, level: str = "word") -> di
     m = NgramModel(model_path)
     total = total_excl = 0.0
     tokens = oov_count = 0
-    for chunk in _chunks(text):
-        scores = m.score_corpus(chunk)
-        for i, line in enumerate(chunk):
+    for lines in _chunks(text):
+        chunk = [line for line in lines if line.split()]  # a blank line is no sentence (protocol.TextSpec)
+        scores = m.score_corpus(chunk or ["x"])  # an all-blank chunk: its one stand-in line is never read
+        i = 0
+        for line in lines:
+            if not line.split():
+                out.write("\n" if level in ("word", "sentence") else "")  # one output line per input line
+                continue
             a, b = scores.starts[i], scores.starts[i + 1]
             logp, oov = scores.log10_prob[a:b], scores.oov[a:b]
             if level in ("word", "sentence"):
                 out.write(_sentence_line(m, line.split(), logp, scores.length[a:b], oov, level))
+            i += 1
+        if not chunk:
+            continue
         total += float(scores.log10_prob.sum())
         total_excl += float(scores.log10_prob[~scores.oov].sum())
         tokens += len(scores.log10_prob)
