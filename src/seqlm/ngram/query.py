@@ -12,7 +12,8 @@ Decoder steps (BaseScore, BaseFullScore), sentences (full_scores) and whole corp
 compiled per-token walk (scalar.py) where it could be built; without it, NGramModel.score_word (Python
 scalars, one token at a time) serves the steps and sentences, and NGramModel.walk (one array lookup per
 order for all tokens, also the LanguageModel protocol's path) the corpora. Tests hold them all equal.
-A binary model (binary.py) makes each lookup a hash probe instead of a binary search. seqlm.kenlm.Model
+A binary model (binary.py) makes each lookup a hash probe instead of a binary search. Missing suffixes of
+listed n-grams are added as KenLM adds them (with_suffix_blanks), so reported lengths are kenlm's. seqlm.kenlm.Model
 is this class for n-gram files, with the kenlm module's own float32 sentence sums on top.
 """
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
+from seqlm.ngram.arpa import ArpaData
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.native import extension
 from seqlm.ngram.scalar import scalar_scorer
@@ -89,6 +91,62 @@ class CorpusScores:
         return float(10.0 ** (-self.log10_prob[keep].mean()))
 
 
+def with_suffix_blanks(model: NGramModel) -> NGramModel:
+    """`model` with every suffix of every n-gram listed: the tables KenLM queries.
+
+    KenLM's probing model finds p(w | context) by extending the n-gram leftwards from w, one context word
+    at a time, and reports the length of the last entry it found (lm/model.cc ResumeScore). So that every
+    listed n-gram can be reached that way, it lists each missing suffix when loading, as a "blank": back-off
+    0, log10 p the back-off estimate (lm/search_hashed.cc FindLower, AdjustLower). With "a b c" listed and
+    "b c" not, kenlm scores "c" after "b" from the blank: length 2, where the plain tables match only "c".
+    seqlm's tables are keyed by prefix, so from_grams adds missing prefixes; this adds the missing suffixes
+    too. No probability changes (a blank holds the estimate it stands for): the lengths reported become
+    KenLM's, and with them the states (which keep the words of the n-gram matched). A model that lacks no
+    suffix (an unpruned Kneser-Ney one, say) comes back as it is, after one vectorised lookup per n-gram of
+    order 3 and above (about half a second for 2.4 million n-grams, a binary model's load ~0.1 s).
+    """
+    if _suffixes_listed(model):
+        return model
+    n = model.order
+    grams = [model.words_of(k, np.arange(len(model.keys[k - 1]))) for k in range(1, n + 1)]  # (M_k, k)
+    added = [np.zeros((0, k), dtype=np.int64) for k in range(1, n + 1)]  # (B_k, k) the blanks per order
+    for k in range(n, 2, -1):  # longest first: a blank's own suffixes may be missing too
+        suffixes = np.unique(np.concatenate([grams[k - 1], added[k - 1]])[:, 1:], axis=0)  # (m, k-1)
+        added[k - 2] = suffixes[_row_ids(model, suffixes) < 0]
+    nan, zero = np.float32(np.nan), np.float32(0.0)  # from_grams fills a NaN probability with the estimate
+    # (zip, not strict, stops the back-offs at order N-1, which is the last that has them)
+    return NGramModel.from_grams(ArpaData(
+        list(model.vocab.itos),
+        [np.concatenate([g, b]) for g, b in zip(grams, added, strict=True)],
+        [np.concatenate([p, np.full(len(b), nan)]) for p, b in zip(model.log10_prob, added, strict=True)],
+        [np.concatenate([o, np.full(len(b), zero)]) for o, b in zip(model.log10_backoff, added, strict=False)],
+
+    ))
+
+
+def _suffixes_listed(model: NGramModel) -> bool:
+    """Whether the suffix of every n-gram (its last k-1 words) is listed, orders ascending: the suffix of
+    an order-k n-gram is its prefix's suffix extended by its last word."""
+    if model.order < 3:
+        return True  # a bigram's suffix is a unigram, always listed
+    V = len(model.vocab)
+    suffix = model.keys[1] % V  # (M_2,) each bigram's suffix: its word (the id at order 1)
+    for k in range(3, model.order + 1):
+        keys = model.keys[k - 1]
+        suffix = model.find(k - 1, suffix[keys // V], keys % V)  # (M_k,) id at order k-1; -1: not listed
+        if (suffix < 0).any():
+            return False
+    return True
+
+
+def _row_ids(model: NGramModel, rows: np.ndarray) -> np.ndarray:
+    """(m,) the id of each (m, k) row of word ids at order k; -1 where it is not listed."""
+    ids = rows[:, 0]
+    for j in range(2, rows.shape[1] + 1):
+        ids = model.find(j, ids, rows[:, j - 1])
+    return ids
+
+
 def load_tables(path: str | Path) -> NGramModel:
     """A model directory (binary model.bin when present, else its ARPA), a binary file or an ARPA file."""
     from seqlm.models.kn import load_kn, load_ngram_file
@@ -106,7 +164,8 @@ class NgramModel:
     BaseFullScore), a batched `score_corpus` and the whole next-word distribution (`next_distribution`)."""
 
     def __init__(self, model: str | Path | NGramModel):
-        self.model = model if isinstance(model, NGramModel) else load_tables(model)
+        # KenLM's tables (blanks added where a suffix is missing), so that matched lengths are kenlm's
+        self.model = with_suffix_blanks(model if isinstance(model, NGramModel) else load_tables(model))
         self.vocab = self.model.vocab
         self.order = self.model.order
         v = self.vocab
