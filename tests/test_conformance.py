@@ -296,3 +296,140 @@ def test_peeking_model_is_refused_where_text_is_scored_unless_asked(zoo, name, c
                  "--allow-peek"]) == 0
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "mix"), "--text", text]) == 2
+
+
+# -- the contract: what each model declares (protocol.Capabilities, protocol.TextSpec) holds -------------------
+def _after(model, history: list[int]) -> torch.Tensor:
+    """(V,) the step distribution after reading the start symbol and `history` (ids)."""
+    state = model.initial_state(1)
+    with torch.no_grad():
+        for tok in [model.vocab.bos_id, *history]:
+            logp, state = model.step(torch.tensor([tok]), state)
+    return logp[0].double()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_saved_contract_is_what_the_model_declares(zoo, name):
+    from dataclasses import asdict
+
+    model = zoo.model(name)
+    meta = json.loads((zoo.dir(name) / "config.json").read_text())
+    assert meta["capabilities"] == asdict(model.capabilities())
+    assert meta["text"] == asdict(model.text_spec())
+    assert meta["text"]["unit"] == "word" and meta["text"]["vocab_size"] == len(model.vocab)
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_a_declared_finite_context_or_window_bounds_what_the_model_reads(zoo, name):
+    """context_order n: the next-word distribution depends on the last n - 1 tokens only; window W: two
+    histories of one length that differ only more than W tokens back give the same distribution. A model
+    declaring neither is unbounded: some history far back changes its prediction."""
+    model = zoo.model(name)
+    caps = model.capabilities()
+    rng = random.Random(1)
+    ids = [model.vocab.id(w) for w in WORDS[:6]]
+    for _ in range(3):
+        tail = [rng.choice(ids) for _ in range(8)]
+        a = [rng.choice(ids) for _ in range(5)] + tail
+        b = [rng.choice(ids) for _ in range(5)] + tail
+        if caps.context_order is not None:
+            short = tail[len(tail) - (caps.context_order - 1):]
+            torch.testing.assert_close(_after(model, a), _after(model, short), atol=1e-5, rtol=0)
+        if caps.window is not None and caps.window <= len(tail):
+            torch.testing.assert_close(_after(model, a), _after(model, b), atol=1e-5, rtol=0)
+    if caps.context_order is None and caps.window is None and name not in ("cache", "mix-cache"):
+        changed = any(not torch.allclose(_after(model, [i, *tail[:2]]), _after(model, [j, *tail[:2]]), atol=1e-7)
+                      for i in ids for j in ids if i != j)  # three tokens back: past any n-gram window here
+        assert changed, "a model declaring an unbounded history ignores what it read first"
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_declared_stream_and_dynamic_capabilities_match_the_commands(zoo, name, capsys):
+    model, d, text = zoo.model(name), str(zoo.dir(name)), str(zoo.text)
+    caps = model.capabilities()
+    assert main(["eval", d, "--text", text, "--stream"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["mode"] == ("stream" if caps.stream else "sentence")
+    assert caps.stream or "sentence by sentence" in out.err
+    code = main(["eval", d, "--text", text, "--dynamic-lr", "0.1"])
+    assert code == (0 if caps.dynamic else 2), capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["kn", "lstm", "cache", "mix"])
+def test_declared_quantizable_matches_seqlm_quantize(zoo, name, tmp_path, capsys):
+    code = main(["quantize", str(zoo.dir(name)), "--out", str(tmp_path / "int8")])
+    assert code == (0 if zoo.model(name).capabilities().quantizable else 2), capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["kn", "rnn", "mix"])
+def test_blank_lines_are_no_sentence_and_score_prints_a_line_per_input_line(zoo, name, tmp_path, capsys):
+    lines = ["the cat sat", "", "a dog ran fast", "   ", "red"]
+    blank, plain = tmp_path / "blank.txt", tmp_path / "plain.txt"
+    blank.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    plain.write_text("\n".join(x for x in lines if x.strip()) + "\n", encoding="utf-8")
+    d = str(zoo.dir(name))
+    assert main(["score", d, "--text", str(blank)]) == 0
+    got = capsys.readouterr().out.split("\n")[:-1]
+    assert len(got) == len(lines) and got[1] == got[3] == ""
+    assert main(["score", d, "--text", str(plain)]) == 0
+    assert [x for x in got if x] == capsys.readouterr().out.split()
+    assert main(["eval", d, "--text", str(blank)]) == 0
+    with_blanks = _json(capsys)
+    assert main(["eval", d, "--text", str(plain)]) == 0
+    assert with_blanks["sentences"] == 3 and with_blanks == _json(capsys)
+
+
+def test_query_counts_blank_lines_as_eval_does(zoo, tmp_path, capsys, monkeypatch):
+    import io
+
+    text = "the cat sat\n\na dog ran fast\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert main(["query", str(zoo.dir("kn"))]) == 0
+    out = capsys.readouterr().out.split("\n")
+    assert out[1] == "" and "Tokens:\t9" in "\n".join(out)  # 7 words and two </s>: the blank line adds none
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    assert main(["eval", str(zoo.dir("kn")), "--text", str(tmp_path / "t.txt")]) == 0
+    assert _json(capsys)["tokens"] == 9
+
+
+def test_a_mixture_of_different_vocabularies_is_refused_naming_the_words(tmp_path, capsys):
+    """Two caches over {a} and {a, b, c}: mixed, the second's b and c would be the first's <unk> and the
+    distribution would not sum to one (0.90 or 1.17 before); refused, in either order, by every entry."""
+    from seqlm.errors import SeqlmError
+    from seqlm.models.mixture import MixtureModel
+
+    for name, text in (("small", "a a a\n"), ("big", "a b c\n")):
+        (tmp_path / f"{name}.txt").write_text(text, encoding="utf-8")
+        assert main(["train", "--model", "cache", "--text", str(tmp_path / f"{name}.txt"),
+                     "--out", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    for pair in (["small", "big"], ["big", "small"]):
+        dirs = [str(tmp_path / p) for p in pair]
+        assert main(["interpolate", *dirs, "--out", str(tmp_path / f"mix-{pair[0]}")]) == 2
+        err = capsys.readouterr().err
+        assert "different vocabularies" in err and "'b'" in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / f"mix-{pair[0]}").exists()
+        with pytest.raises(SeqlmError, match="different vocabularies"):
+            MixtureModel([seqlm.load(d) for d in dirs], [0.5, 0.5], dirs)
+
+
+def test_a_character_model_reads_every_text_as_characters(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus", n_train=40, n_eval=5)
+    char, word = tmp_path / "char", tmp_path / "word"
+    for out, unit in ((char, "char"), (word, "word")):
+        assert main(["train", "--model", "fnn", "--unit", unit, "--data", str(corpus), "--out", str(out), *COMMON,
+                     "--order", "3", "--embed", "8", "--hidden", "16", "--layers", "1", "--batch-size", "4",
+                     "--seq-len", "16"]) == 0
+    model = seqlm.load(char)
+    assert model.text_spec().unit == "char"
+    scores = seqlm.score_text(model, ["the cat"])[0]
+    assert len(scores) == len("the_cat") + 1  # every character, the word boundary and </s>
+    (tmp_path / "nbest.tsv").write_text("u-1\t0\t0\tthe cat\n", encoding="utf-8")
+    assert main(["rescore", str(char), "--tsv", str(tmp_path / "nbest.tsv"), "--out", str(tmp_path / "r.tsv")]) == 0
+    row = (tmp_path / "r.tsv").read_text().splitlines()[1].split("\t")
+    assert float(row[3]) == pytest.approx(sum(scores) * LOG10, abs=1e-4)  # new_lm: ln p of the spelt sentence
+    capsys.readouterr()
+    assert main(["eval", str(char), "--text", str(corpus / "test.txt"), "--raw"]) == 2  # not how it was trained
+    assert "--raw" in capsys.readouterr().err
+    assert main(["interpolate", str(char), str(word), "--out", str(tmp_path / "mix")]) == 2
+    assert "read text alike" in capsys.readouterr().err

@@ -39,16 +39,12 @@ def _family_name(name: str) -> str:
     return name
 
 
-def _text_stream(model, args):
-    from seqlm.data.corpus import encode_file
+def _text_stream(model, args, path: Path | None = None):
+    """The text eval/score read, the way the model reads text (protocol.encode_text: its unit, raw or not)."""
     from seqlm.data.datasets import text_path
+    from seqlm.protocol import encode_text
 
-    return encode_file(text_path(args.text, args.data, args.split), model.vocab, raw=args.raw, unit=_unit(model))
-
-
-def _unit(model) -> str:
-    """word, or char for a character-level model: its text is read the way it was trained."""
-    return getattr(getattr(model, "data_config", None), "unit", "word")
+    return encode_text(model, path or text_path(args.text, args.data, args.split), raw=args.raw)
 
 
 def _check_peeking(args: argparse.Namespace) -> None:
@@ -93,27 +89,39 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
         from seqlm.eval.dynamic import Dynamic
         model = Dynamic(model, args.dynamic_lr, args.dynamic_segment)
     result = evaluate(model, _text_stream(model, args), stream_mode=args.stream)
-    print(json.dumps(result | getattr(model, "settings", {}) | ({"peeks": args.peek_note} if args.peek_note else {})))
+    print(json.dumps(result | model.settings() | ({"peeks": args.peek_note} if args.peek_note else {})))
 
 
 def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
-    """log10 probability per sentence (like KenLM's query), or per token with --per-token."""
+    """log10 probability per input line (like KenLM's query), or per token with --per-token. One output line per
+    input line: an empty one for a blank line (no sentence), the sum of its sentences for a raw line."""
+    import tempfile
+
+    import numpy as np
+
     import seqlm
+    from seqlm.data.corpus import sentences_per_line, spool
+    from seqlm.data.datasets import text_path
     from seqlm.eval.perplexity import LOG10, score_tokens
 
     model = seqlm.load(args.model_dir)
-    stream = _text_stream(model, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = text_path(args.text, args.data, args.split)
+        if not path.is_file():  # standard input or a pipe: read twice (sentences, then lines)
+            path = spool(path, Path(tmp) / "text")
+        stream = _text_stream(model, args, path)
+        per_line = sentences_per_line(path, model.text_spec().raw)
     logp = score_tokens(model, stream).logp / LOG10
-    starts, ids = stream.starts, stream.ids
-    out = sys.stdout
-    for i in range(stream.num_sentences):
-        lo, hi = int(starts[i]), int(starts[i + 1])
-        if args.per_token:
-            words = model.vocab.decode(ids[lo:hi])
-            out.write("\t".join(f"{w} {p:.6f}" for w, p in zip(words, logp[lo:hi], strict=True)))
-            out.write(f"\tTotal: {logp[lo:hi].sum():.6f}\n")
-        else:
-            out.write(f"{logp[lo:hi].sum():.6f}\n")
+    bounds = np.asarray(stream.starts)[np.concatenate([[0], np.cumsum(per_line)])]  # (L + 1,) token offsets
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        sys.stdout.write(_score_line(model, stream.ids[lo:hi], logp[lo:hi], args.per_token) if hi > lo else "\n")
+
+
+def _score_line(model, ids, logp, per_token: bool) -> str:
+    if not per_token:
+        return f"{logp.sum():.6f}\n"
+    words = model.vocab.decode(ids)
+    return "\t".join(f"{w} {p:.6f}" for w, p in zip(words, logp, strict=True)) + f"\tTotal: {logp.sum():.6f}\n"
 
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> None:
@@ -167,7 +175,7 @@ def cmd_fofe_collisions(args: argparse.Namespace, rest: list[str]) -> None:
 
     result = run(alphas=floats(args.alphas) if args.alphas else None,
                  epsilons=floats(args.epsilons) if args.epsilons else None, max_len=args.max_len,
-                 corpus_path=corpus, out_json=args.out_json, out_png=args.out_png)
+                 corpus_path=corpus, out_json=args.out_json, out_png=args.out_png, force=args.force)
     print(json.dumps(result if args.verbose else {k: v for k, v in result.items() if k != "examples"}))
 
 
@@ -176,8 +184,11 @@ def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
     text: --text FILE, or --data CORPUS --split valid)."""
     from seqlm.data.datasets import text_path
     from seqlm.eval.interpolate import interpolate
+    from seqlm.outputs import claim_output, clear_model
 
     held_out = text_path(args.text, args.data, args.split) if args.text or args.data else None
+    if claim_output(args.out, args.force, "--out", directory=True, inputs=args.model_dirs):
+        clear_model(args.out)
     print(json.dumps(interpolate(args.model_dirs, args.out, held_out, args.weights, args.em, args.stream,
                                  args.raw) | ({"peeks": args.peek_note} if args.peek_note else {})))
 
@@ -200,7 +211,7 @@ def cmd_quantize(args: argparse.Namespace, rest: list[str]) -> None:
     """int8 copy of a neural model (dynamic quantization of its Linear/LSTM layers) for CPU inference."""
     from seqlm.nn.quantize import quantize_dir
 
-    print(json.dumps(quantize_dir(args.model_dir, args.out)))
+    print(json.dumps(quantize_dir(args.model_dir, args.out, args.force)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "output; a name ending .gz is compressed)")
     t.add_argument("--binary", default=None, metavar="FILE", help="kn: also write seqlm's binary model here "
                    "(- = standard output)")
-    t.add_argument("--force", action="store_true", help="overwrite an existing --arpa/--binary file")
+    t.add_argument("--force", action="store_true", help="replace a model in --out and existing --arpa/--binary "
+                   "files")
     t.add_argument("--config", default=None, help="YAML file of options")
     t.add_argument("--resume", action="store_true", help="continue from the last epoch checkpoint in --out")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (spawns torchrun)")
@@ -242,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "also read when it is a pipe or a file and neither --text nor --data is given)")
         q.add_argument("--data", help="or a dataset name / corpus directory ...")
         q.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
-        q.add_argument("--raw", action="store_true", help="untokenised text (see docs)")
+        q.add_argument("--raw", action="store_true", default=None, help="untokenised text (see docs); text is "
+                       "read the way the model was trained, so this only confirms a model trained with --raw")
         q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
 
     e = sub.add_parser("eval", help=cmd_eval.__doc__)
@@ -302,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--out-json", default="fofe_collisions.json", help="JSON file of the counts to write")
     fc.add_argument("--out-png", default="fofe_collisions.png", help="PNG plot of the counts to write")
     fc.add_argument("--verbose", action="store_true", help="print colliding examples too")
+    fc.add_argument("--force", action="store_true", help="replace --out-json/--out-png files that an earlier "
+                    "fofe-collisions run did not write")
     fc.set_defaults(func=cmd_fofe_collisions)
 
     ip = sub.add_parser("interpolate", help=cmd_interpolate.__doc__,
@@ -310,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "docs/combination.md.")
     ip.add_argument("model_dirs", nargs="+", help="model directories or .arpa files (the first sets the vocabulary)")
     ip.add_argument("--out", required=True, help="mixture model directory to write")
+    ip.add_argument("--force", action="store_true", help="replace a model already in --out")
     ip.add_argument("--text", "--valid", dest="text", metavar="FILE",
                     help="held-out text for EM and the perplexities printed (--valid: its old name, still accepted)")
     ip.add_argument("--data", help="or a dataset name / corpus directory ...")
@@ -348,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     qz = sub.add_parser("quantize", help=cmd_quantize.__doc__)
     qz.add_argument("model_dir", help="a neural model directory (lstm, rnn, transformer, fnn, fofe, ...)")
     qz.add_argument("--out", required=True, help="the new model directory to write")
+    qz.add_argument("--force", action="store_true", help="replace a model already in --out")
     qz.set_defaults(func=cmd_quantize)
     return p
 

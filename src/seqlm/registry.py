@@ -2,7 +2,9 @@
 checks they agree). Nothing outside this file asks which family a model is.
 
 A neural family is a config dataclass, a builder, how its training text is cut into batches and the
-step function the one training loop calls. The count-based `kn` family is estimated, not trained.
+step function the one training loop (seqlm.train.run) calls. The count-based `kn` family is estimated, not
+trained. What each model can do and how it reads text is declared by its model class (`capabilities`,
+`text_spec`: seqlm.protocol), in its family's file.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 from seqlm import checkpoint as ckpt
-from seqlm.data.batching import packed_batches
+from seqlm.data.batching import Batches, packed_batches
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
@@ -31,7 +33,6 @@ from seqlm.models.lstm import LSTMConfig, build_lstm, lstm_batches
 from seqlm.models.mixture import NOT_TRAINED, MixtureConfig, load_mixture, save_mixture
 from seqlm.models.rnn import RNNConfig, build_rnn, rnn_batches
 from seqlm.models.transformer import TransformerConfig, build_transformer
-from seqlm.train.loop import Batches, fit
 from seqlm.train.steps import StepFn, sentence_step, tbptt_step
 
 
@@ -57,12 +58,6 @@ class NeuralFamily:
     build: Callable[[Any, Vocab], nn.Module]
     batches: Callable[[Any, Vocab], Batches]
     step: StepFn
-
-    def train(self, model: nn.Module, splits: Splits, out: Path, save: Callable, resume: bool,
-              session_minutes: float = 0.0) -> nn.Module:
-        fit(model, self.step, self.batches(model.config, model.vocab), splits.train, splits.valid,
-            model.config.train, out, save, resume, session_minutes)
-        return model
 
     def save(self, model: nn.Module, out: Path) -> None:
         ckpt.save_tensors(out / ckpt.WEIGHTS, model.state_dict())

@@ -3,8 +3,11 @@
 Three shapes, one Batch type:
 - `sentence_batches`: one sentence per row, padded, sorted by length: evaluation and scoring.
   Sentences longer than `max_len` are cut into pieces; each piece after the first carries the
-  `context` tokens before it as masked, non-reset positions, so every model sees the same history a
-  whole-sentence pass would give it (exact for n-gram windows, to within alpha^context for FOFE).
+  `context` tokens before it as masked, non-reset positions: the same history a whole-sentence pass
+  gives a model whose predictions depend on at most `context` + 1 inputs (an n-gram window).
+- `continued_rows`: long sentences side by side, `max_len` positions at a time, each call continuing
+  the last: a model that carries its state from call to call (`score_stream`) reads every sentence
+  with its whole history, in memory bounded by `max_len`, however long the sentence.
 - `packed_batches`: shuffled whole sentences laid end to end and cut into rows of `batch_tokens`
   (FOFE paper, Sec. 4: "each mini-batch is composed of several sentences up to 200 words").
 - `stream_batches`: the text as B parallel streams cut into chunks of `bptt` steps (Mikolov's rnnlm
@@ -13,7 +16,7 @@ Three shapes, one Batch type:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +25,9 @@ from torch import Tensor
 
 from seqlm.data.corpus import TokenStream
 from seqlm.protocol import Batch
+
+# how a family cuts its training text: (text, rng, (rank, world size)) -> this rank's batches of one epoch
+Batches = Callable[[TokenStream, np.random.Generator, tuple[int, int]], Iterator[Batch]]
 
 
 def history(batch: Batch, size: int) -> Tensor:
@@ -62,24 +68,27 @@ class Rows:
     offset: np.ndarray  # (B,)
 
 
-def _pieces(lengths: np.ndarray, max_len: int) -> list[tuple[int, int, int]]:
-    """(sentence, first target, number of targets) for every piece of every sentence."""
+def _pieces(lengths: np.ndarray, max_len: int, sentences: np.ndarray | None = None) -> list[tuple[int, int, int]]:
+    """(sentence, first target, number of targets) for every piece of every sentence (of `sentences` only)."""
     out = []
-    for s, n in enumerate(lengths.tolist()):
+    for s in range(len(lengths)) if sentences is None else sentences.tolist():
+        n = int(lengths[s])
         for o in range(0, n, max_len):
             out.append((s, o, min(max_len, n - o)))
     return out
 
 
 CONTEXT = 64  # tokens of context carried into each piece of a sentence cut at max_len
+MAX_LEN = 512  # targets per row when scoring sentence by sentence; longer sentences come in pieces
 
 
 def sentence_groups(
-    stream: TokenStream, max_tokens: int = 8192, max_len: int = 512, context: int = CONTEXT
+    stream: TokenStream, max_tokens: int = 8192, max_len: int = MAX_LEN, context: int = CONTEXT,
+    sentences: np.ndarray | None = None,
 ) -> list[list[tuple[int, int, int]]]:
     """The pieces (sentence, first target, targets) of each batch of `sentence_batches`, cheap to hold:
-    batches are built from them one at a time, in any order (`sentence_rows`)."""
-    pieces = _pieces(np.diff(np.asarray(stream.starts)), max_len)
+    batches are built from them one at a time, in any order (`sentence_rows`). `sentences`: only these."""
+    pieces = _pieces(np.diff(np.asarray(stream.starts)), max_len, sentences)
     pieces.sort(key=lambda p: (p[2] + (min(p[1], context)), p[0]))  # rows grouped by length: little padding
     groups, i = [], 0
     while i < len(pieces):
@@ -123,11 +132,48 @@ def sentence_rows(stream: TokenStream, bos_id: int, group: list[tuple[int, int, 
 
 
 def sentence_batches(
-    stream: TokenStream, bos_id: int, max_tokens: int = 8192, max_len: int = 512, context: int = CONTEXT
+    stream: TokenStream, bos_id: int, max_tokens: int = 8192, max_len: int = MAX_LEN, context: int = CONTEXT,
+    sentences: np.ndarray | None = None,
 ) -> Iterator[Rows]:
-    """Every sentence scored from a fresh start; rows grouped by length to keep padding small."""
-    for group in sentence_groups(stream, max_tokens, max_len, context):
+    """Every sentence (of `sentences`) scored from a fresh start; rows grouped by length to keep padding small."""
+    for group in sentence_groups(stream, max_tokens, max_len, context, sentences):
         yield sentence_rows(stream, bos_id, group, context)
+
+
+def long_sentences(stream: TokenStream, max_len: int = MAX_LEN) -> np.ndarray:
+    """(S,) ids of the sentences of more than `max_len` targets: those `sentence_batches` would cut."""
+    return np.flatnonzero(np.diff(np.asarray(stream.starts)) > max_len)
+
+
+def continued_groups(stream: TokenStream, sentences: np.ndarray, max_tokens: int = 8192,
+                     max_len: int = MAX_LEN) -> list[np.ndarray]:
+    """`sentences` in groups read side by side by `continued_rows`, about `max_tokens` a call; similar
+    lengths share a group so that rows run out at about the same piece."""
+    lengths = np.diff(np.asarray(stream.starts))[sentences]  # (S,)
+    by_length = np.asarray(sentences)[np.argsort(lengths, kind="stable")]
+    rows = max(1, max_tokens // max_len)
+    return [by_length[i : i + rows] for i in range(0, len(by_length), rows)]
+
+
+def continued_rows(stream: TokenStream, bos_id: int, group: np.ndarray, max_len: int = MAX_LEN) -> Iterator[Rows]:
+    """The sentences of `group`, one a row, in consecutive pieces of `max_len` targets. Only the first piece
+    resets: each later one continues the row where the last stopped, for a model that carries its state
+    between calls (`score_stream`). A row whose sentence has ended is padding (mask False)."""
+    ids, starts = stream.ids, np.asarray(stream.starts)
+    group = np.asarray(group)
+    first, n = starts[group], starts[group + 1] - starts[group]  # (B,) text offset and length of each sentence
+    for o in range(0, int(n.max()), max_len):
+        pos = o + np.arange(min(max_len, int(n.max()) - o))  # (T,) positions inside the sentences
+        mask = pos[None, :] < n[:, None]  # (B, T)
+        at = np.where(mask, first[:, None] + pos, 0)  # (B, T) text index of each target
+        targets = np.where(mask, np.asarray(ids[at], dtype=np.int64), 0)
+        inputs = np.where(mask & (pos > 0), np.asarray(ids[np.maximum(at - 1, 0)], dtype=np.int64), 0)
+        inputs[:, pos == 0] = bos_id  # the sentence start, in the first piece only
+        resets = np.zeros(mask.shape, dtype=bool)
+        resets[:, pos == 0] = True
+        arrs = (inputs, targets, mask, resets)
+        batch = Batch(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrs))
+        yield Rows(batch, group, np.full(len(group), o))
 
 
 def _gather_sentences(stream: TokenStream, order: np.ndarray, bos_id: int) -> tuple[np.ndarray, ...]:

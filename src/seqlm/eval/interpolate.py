@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from seqlm import checkpoint as ckpt
-from seqlm.data.corpus import encode_file
 from seqlm.errors import SeqlmError
+from seqlm.eval.perplexity import text_logp
 from seqlm.models.mixture import MixtureModel, fit_weights, mix_logp
+from seqlm.protocol import encode_text
 
 
 def parse_weights(text: str, k: int) -> list[float]:
@@ -56,6 +57,10 @@ def interpolate(model_paths: Sequence[str | Path], out: str | Path, valid: str |
     if em and valid is None:
         raise SeqlmError("--em estimates the weights on held-out text: give --text FILE or --data CORPUS "
                          "(--split valid)")
+    for flag, given in (("--stream", stream), ("--raw", raw)):
+        if given and valid is None:  # they say how the held-out text is read; the mixture keeps neither
+            raise SeqlmError(f"{flag} says how to read the held-out text, and there is none: give --text FILE or "
+                             f"--data CORPUS (--split valid), or drop {flag}")
     k = len(model_paths)
     if k == 0:
         raise SeqlmError("give at least one model directory (or .arpa file) to interpolate")
@@ -65,12 +70,13 @@ def interpolate(model_paths: Sequence[str | Path], out: str | Path, valid: str |
     result: dict = {"out": str(out), "components": [str(p) for p in model_paths]}
     source = "given" if given else "equal"
     if valid is not None:
-        if stream and not mixture.can_stream:
-            print("seqlm: no component can carry state across sentences (n-gram, feed-forward and "
-                  "--sentence-independent models cannot); scoring sentence by sentence", file=sys.stderr)
-        stream_mode = stream and mixture.can_stream
-        text = encode_file(valid, mixture.vocab, raw=raw)
-        per_component = mixture.component_logp(text, stream_mode, max_tokens)  # (K, N)
+        can = mixture.capabilities().stream
+        if stream and not can:
+            print("seqlm: no component can carry state across sentences (n-gram, feed-forward, --sentence-independent "
+                  "and other sentence-trained models cannot); scoring sentence by sentence", file=sys.stderr)
+        stream_mode = stream and can
+        text = encode_text(mixture, valid, raw=raw or None)  # the components' own reading of text
+        per_component = mixture.component_logp(text, stream_mode, max_tokens, text_logp)  # (K, N)
         if given is None:
             # EM creeps when the optimum is on the simplex's edge (one model almost useless); an iteration
             # costs K*N flops, so give it room to get there: `tol` ends it as soon as nothing moves.

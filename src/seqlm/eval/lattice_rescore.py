@@ -190,6 +190,9 @@ def rescore_lattice_files(model_dir: str, files: list[str], outputs: Outputs, co
     import seqlm
 
     model = seqlm.load(model_dir)
+    if model.text_spec().unit != "word":  # a lattice arc is one word, one `step`; a character model needs many
+        raise SeqlmError(f"{model_dir}: a {model.text_spec().unit}-level model cannot expand a word lattice; "
+                         "rescore the lattice's n-best list instead (--nbest-out, then --tsv)")
     wm = WordMap(model.vocab, lowercase, read_map(map_file) if map_file else {})
     reports, best_lines, hyps, warned = [], [], [], False
     for f in files:

@@ -38,10 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from seqlm import checkpoint as ckpt
-from seqlm.data.corpus import encode_sentences
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import oov_mask, score_tokens
-from seqlm.protocol import LanguageModel
+from seqlm.protocol import LanguageModel, encode_lines
 
 _KEY = re.compile(r"^(.+)-(\d+)$")  # uttid-N
 
@@ -197,7 +196,7 @@ def rescore(model: LanguageModel, nbest: NBest, comb: Combination | None = None,
     if comb.new_lm_weight != 1.0 and np.isnan(nbest.old_lm).any():
         raise SeqlmError("--new-lm-weight below 1 (or --interpolate-old) needs the old LM scores: give --lm-scores "
                          "FILE or a --tsv file")
-    stream = encode_sentences(nbest.sentences, model.vocab)
+    stream = encode_lines(model, nbest.sentences)  # as the model reads text: a character model spells them
     new_lm = score_tokens(model, stream, max_tokens=max_tokens).sentence_totals()  # (H,)
     oov = np.add.reduceat(oov_mask(stream, model.vocab).astype(np.int64), np.asarray(stream.starts[:-1]))  # (H,)
     n_words = np.array([len(s) for s in nbest.sentences], dtype=np.float64)  # (H,)

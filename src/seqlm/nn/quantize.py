@@ -32,6 +32,7 @@ from torch.ao.nn.quantized.dynamic import Linear as QLinear
 
 from seqlm import checkpoint as ckpt
 from seqlm.errors import SeqlmError
+from seqlm.outputs import claim_output, clear_model
 from seqlm.protocol import Batch
 
 SCHEME = "dynamic-int8"
@@ -39,8 +40,8 @@ SCHEME = "dynamic-int8"
 
 def quantize(model: nn.Module) -> tuple[nn.Module, list[str]]:
     """(the quantized copy of `model`, the names of the layers replaced); SeqlmError when none applies."""
-    if not isinstance(model, nn.Module):
-        raise SeqlmError(f"{getattr(model, 'family', 'this')} models have no Linear or LSTM layers to quantize; "
+    if not (isinstance(model, nn.Module) and model.capabilities().quantizable):
+        raise SeqlmError(f"{model.family} models have no Linear or LSTM layers to quantize; "
                          "quantize applies to the neural families")
     names = quantizable(model)
     if not names:
@@ -72,9 +73,9 @@ def _apply(model: nn.Module, names: list[str]) -> nn.Module:
         if isinstance(layer, QLSTM):  # keep a zero-size float stand-in for each weight name, so code that
             for p in model.get_submodule(name)._flat_weights_names:  # reads a weight's dtype/device still works
                 setattr(layer, p, torch.empty(0))
-    for attr in ("family", "config", "data_config"):
-        if hasattr(model, attr):
-            setattr(q, attr, getattr(model, attr))
+    q.family, q.data_config = model.family, model.data_config  # deepcopied by quantize_dynamic; set by load
+    if "config" in vars(model):  # absent on a bare build
+        q.config = model.config
     return q.eval()
 
 
@@ -156,25 +157,25 @@ def quantized_tensors(fp32: nn.Module, q: nn.Module, names: list[str]) -> dict[s
     return out
 
 
-def quantize_dir(model_dir: str | Path, out: str | Path) -> dict[str, Any]:
-    """`seqlm quantize MODEL --out DIR`: write the int8 model directory; returns a summary."""
+def quantize_dir(model_dir: str | Path, out: str | Path, force: bool = False) -> dict[str, Any]:
+    """`seqlm quantize MODEL --out DIR`: write the int8 model directory (replacing a model there only with
+    `force`); returns a summary."""
     import seqlm
 
     model_dir, out = Path(model_dir), Path(out)
+    replace = claim_output(out, force, "--out", directory=True, inputs=[model_dir])
     meta = ckpt.read_json(model_dir / ckpt.CONFIG, "config.json") if model_dir.is_dir() else None
     if isinstance(meta, dict) and "quantization" in meta:
         raise SeqlmError(f"{model_dir}: already quantized ({meta['quantization'].get('scheme')})")
     model = seqlm.load(model_dir)
-    from seqlm.registry import NeuralFamily, family
-
-    if not isinstance(family(getattr(model, "family", "kn")), NeuralFamily):
+    if not model.capabilities().quantizable:
         raise SeqlmError(f"{model.family} models cannot be quantized; quantize applies to the neural families "
                          "(a mixture: quantize its components and interpolate those)")
-    if callable(getattr(model, "untie", None)) and model.untie():  # a tied output matrix becomes its own Linear
+    if model.untie():  # a tied output matrix becomes its own Linear
         meta["model"]["tie_embeddings"] = False  # the int8 directory describes the untied model it holds
     q, names = quantize(model)
-    if out.resolve() == model_dir.resolve():
-        raise SeqlmError("--out must be a new directory, not the model's own")
+    if replace:  # only now, after everything that can fail on the input: no two models in one directory
+        clear_model(out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt.save_tensors(out / ckpt.WEIGHTS, quantized_tensors(model, q, names))
     shutil.copyfile(model_dir / ckpt.VOCAB, out / ckpt.VOCAB)

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,11 @@ from tqdm import tqdm
 
 from seqlm.checkpoint import atomic_write_text
 from seqlm.config import TrainConfig
+from seqlm.data.batching import Batches
 from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
-from seqlm.eval.perplexity import evaluate
+from seqlm.eval.perplexity import can_stream, evaluate
 from seqlm.nn.softmax import layer_stats
-from seqlm.protocol import Batch
 from seqlm.train import distributed as dist
 from seqlm.train.optim import build_optimizer, build_schedule, set_lr
 from seqlm.train.precision import check_precision
@@ -57,9 +57,8 @@ from seqlm.train.resume import (
     take_snapshot,
 )
 from seqlm.train.schedule import Schedule
-from seqlm.train.steps import StepFn
+from seqlm.train.steps import StepFn, tbptt_step
 
-Batches = Callable[[TokenStream, np.random.Generator, tuple[int, int]], Iterator[Batch]]
 make_optimizer = build_optimizer  # the name benchmarks import
 __all__ = ["fit", "resolve_device", "make_optimizer", "run_status", "RESUME", "Batches"]
 
@@ -120,6 +119,7 @@ class Run:
     save_best: Callable[[nn.Module], None]
     ctx: dist.Context
     signals: Signals
+    valid_mode: str  # sentence | stream: how validation scores (--valid-mode resolved)
 
     @property
     def autocast(self) -> torch.autocast:
@@ -146,6 +146,7 @@ def fit(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    mode = valid_mode(model, step, cfg)
     check_precision(model, cfg.precision, resolve_device(cfg.device))
     ctx = dist.setup(resolve_device(cfg.device))
     model.to(ctx.device)  # under torchrun on GPUs: this rank's own GPU
@@ -154,7 +155,7 @@ def fit(
     clean, stopped = False, 0
     try:
         with Signals() as signals:
-            run = Run(model, net, opt, step, batches, train, valid, cfg, out, save_best, ctx, signals)
+            run = Run(model, net, opt, step, batches, train, valid, cfg, out, save_best, ctx, signals, mode)
             history = _epochs(run, resume, session_minutes)
         clean = True
     except SeqlmError as e:
@@ -170,12 +171,35 @@ def fit(
     return history
 
 
+def valid_mode(model: nn.Module, step: StepFn, cfg: TrainConfig) -> str:
+    """The mode validation scores in: --valid-mode, or for auto the mode the model trains in. A model trains
+    on a stream when its step carries the state from batch to batch (tbptt_step) and it can stream at all
+    (seqlm.eval.perplexity.can_stream: not one that restarts at every sentence)."""
+    streams = can_stream(model)
+    if cfg.valid_mode == "stream" and not streams:
+        raise SeqlmError(f"--valid-mode stream: a {getattr(model, 'family', '')} model like this one cannot carry "
+                         "its state across sentences; use --valid-mode sentence (or auto)")
+    if cfg.valid_mode == "auto":
+        return "stream" if step is tbptt_step and streams else "sentence"
+    return cfg.valid_mode
+
+
+def _check_valid_mode(run: Run, history: list[dict]) -> None:
+    """A resumed run validates as its earlier epochs did: the schedule and the best epoch compare their
+    perplexities (rows from before the option hold no mode: they were validated by sentence)."""
+    before = history[-1].get("valid_mode", "sentence") if history else run.valid_mode
+    if before != run.valid_mode:
+        raise SeqlmError(f"--valid-mode {run.cfg.valid_mode} validates by {run.valid_mode}, but this run's epochs "
+                         f"so far were validated by {before}; resume with --valid-mode {before}")
+
+
 def _epochs(run: Run, resume: bool, session_minutes: float) -> list[dict]:
     cfg, ctx = run.cfg, run.ctx
     sched = build_schedule(cfg, _steps_per_epoch(run))
     pos, history = Position(), []
     if resume:
         pos, history, sched = load_resume(run.out, run.model, run.opt, sched, cfg, ctx.log)
+        _check_valid_mode(run, history)
         if ctx.is_main:  # drop rows of an epoch that was logged but not checkpointed before a crash
             atomic_write_text(run.out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in history))
         if sched.done or pos.epoch > cfg.max_epochs:
@@ -332,7 +356,8 @@ def _progress_line(pos: Position, total: int | None) -> str:
 def _validate(run: Run) -> float:
     """Validation perplexity, computed on rank 0 and broadcast: every rank takes the schedule decision
     (halve, stop) from the same number, whatever its own kernels would have given."""
-    ppl = evaluate(run.model, run.valid, max_tokens=run.cfg.eval_tokens)["ppl"] if run.ctx.is_main else 0.0
+    stream = run.valid_mode == "stream"
+    ppl = evaluate(run.model, run.valid, stream, run.cfg.eval_tokens)["ppl"] if run.ctx.is_main else 0.0
     return run.ctx.broadcast(ppl)
 
 
@@ -345,12 +370,13 @@ def _end_epoch(run: Run, sched: Schedule, pos: Position, complete: bool, total: 
     row = {"epoch": pos.epoch, "lr": lr_used, "train_ppl": prog.ppl, "valid_ppl": valid_ppl,
            "train_tokens": prog.tokens * ctx.world, "epoch_seconds": prog.seconds,
            "train_tokens_per_s": prog.tokens * ctx.world / max(prog.seconds, 1e-9),
-           "wall_seconds": time.time() - t_start, "lr_halved": halved, "precision": run.cfg.precision}
+           "wall_seconds": time.time() - t_start, "lr_halved": halved, "precision": run.cfg.precision,
+           "valid_mode": run.valid_mode}
     if not complete:
         row.update(partial=True, batches=pos.batch, of=total)
     row.update(layer_stats(run.model))  # what output layers measured during validation (NCE: log Z_h)
     ctx.log(f"epoch {pos.epoch}{' (cut short: partial)' if not complete else ''}: lr {lr_used:g}  "
-            f"train ppl {prog.ppl:.2f}  valid ppl {valid_ppl:.2f}  "
+            f"train ppl {prog.ppl:.2f}  valid ppl {valid_ppl:.2f} ({run.valid_mode})  "
             f"({row['train_tokens_per_s']:.0f} tok/s{', lr halved' if halved else ''})")
     if valid_ppl < pos.best_saved:
         if ctx.is_main:

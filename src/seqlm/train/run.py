@@ -34,8 +34,10 @@ from seqlm.data.datasets import corpus_splits
 from seqlm.data.vocab import Vocab
 from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 from seqlm.eval.perplexity import evaluate
+from seqlm.outputs import claim_output, clear_model
 from seqlm.registry import DEFAULT_FAMILY, CountFamily, NeuralFamily, Splits, family, new_model
-from seqlm.train.resume import run_status
+from seqlm.train.loop import fit
+from seqlm.train.resume import check_resumable, mark_untrained, run_status
 
 
 def config_help(name: str | None) -> str:
@@ -141,7 +143,8 @@ def _texts(data: str | None, text: str | None, scratch: Path) -> dict[str, Path 
     return {"train": path, "valid": None, "test": None}
 
 
-def _check_exports(name: str, exports: dict[str, str | None], force: bool, resume: bool, out: str | None) -> None:
+def _check_exports(name: str, exports: dict[str, str | None], force: bool, resume: bool, out: str | None,
+                   inputs: list[str | None]) -> None:
     """--arpa/--binary: kn only, at most one on standard output, no file overwritten without --force."""
     given = {k: v for k, v in exports.items() if v}
     if not given:
@@ -154,8 +157,7 @@ def _check_exports(name: str, exports: dict[str, str | None], force: bool, resum
     if resume and not out:
         raise SeqlmError("--resume continues the model in --out: give --out")
     for kind, dest in given.items():
-        if dest != "-" and Path(dest).exists() and not force:
-            raise SeqlmError(f"--{kind} {dest} exists; choose another name or add --force to overwrite it")
+        claim_output(dest, force, f"--{kind}", inputs=inputs)
 
 
 def _export(out_dir: Path, exports: dict[str, str | None]) -> None:
@@ -186,11 +188,11 @@ def train_from_cli(name: str | None, data: str | None, out: str | None, config_f
     Without --out but with --arpa or --binary, the model directory is a temporary one."""
     name = name or DEFAULT_FAMILY
     exports = {"arpa": arpa, "binary": binary}
-    _check_exports(name, exports, force, resume, out)
+    _check_exports(name, exports, force, resume, out, [data, text])
     with tempfile.TemporaryDirectory(prefix="seqlm-train-") as scratch:
         out_dir = Path(out) if out else Path(scratch) / "model" if arpa or binary else Path(f"runs/{name}")
         result = _train(name, data, text, out_dir, config_file, rest, resume, nproc, session_minutes, init_from,
-                        Path(scratch))
+                        Path(scratch), force)
         if result:
             _export(out_dir, exports)
             result.update({k: v for k, v in exports.items() if v})
@@ -200,14 +202,16 @@ def train_from_cli(name: str | None, data: str | None, out: str | None, config_f
 
 
 def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_file: str | None, rest: list[str],
-           resume: bool, nproc: int, session_minutes: float, init_from: str | None, scratch: Path) -> dict:
+           resume: bool, nproc: int, session_minutes: float, init_from: str | None, scratch: Path,
+           force: bool = False) -> dict:
     if nproc < 1:
         raise SeqlmError(f"--nproc must be at least 1, got {nproc}")
     if out_dir.exists() and not out_dir.is_dir():
         raise SeqlmError(f"--out {out_dir} is a file; give a directory for the model")
-    if not resume and (out_dir / ckpt.CONFIG).exists():
-        raise SeqlmError(f"{out_dir} already holds a model; use --resume to continue it or choose another --out")
+    replace = _claim_out(out_dir, resume, force, init_from)
     cfg, data_cfg = _configs(name, out_dir, config_file, rest, resume)  # every flag checked before any work
+    if resume and isinstance(family(name), NeuralFamily):  # kn re-estimates: the same text, the same model
+        check_resumable(out_dir)
     src = _init_source(init_from, resume, name)
     texts = _texts(data, text, scratch)
     if texts["valid"] is None and not isinstance(family(name), CountFamily):
@@ -227,6 +231,8 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     # `--nproc` workers find the vocabulary and the ids cached instead of each reading the corpus again.
     train, valid, _ = (encode_file(path, vocab, data_cfg.raw, unit=data_cfg.unit, use_cache=cache)
                        if path else None for path in texts.values())
+    if replace:  # the old model goes only now, when the new one is about to be written
+        clear_model(out_dir)
     if spawn:
         argv = ["train", "--model", name, "--data", str(data), "--out", str(out_dir), *rest]
         argv += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
@@ -247,16 +253,22 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
 
     # The directory holds a model (its config, vocabulary and the initial weights) before the first batch:
     # a run stopped inside its first epoch leaves a mid-epoch state that --resume can read the settings for.
-    # A --resume that finds the model but no state (stopped before any) starts it again from those settings.
+    # A --resume that finds the model but no state (stopped before any) starts it again from those settings,
+    # if the weights are still marked as the initial ones: a trained model without its state is refused.
     # A run that fails before its first state (e.g. a precision this machine refuses) leaves the directory as
     # it found it, so that the same command can be given again.
     started = resume and run_status(out_dir)["started"]
+    fresh = main_rank and not started and isinstance(family(name), NeuralFamily)
+    if fresh and resume:  # started again (check_resumable): rows it logged before belong to no model now
+        for stale in ("metrics.jsonl", "results.json"):
+            (out_dir / stale).unlink(missing_ok=True)
     before = set(out_dir.iterdir())
-    if main_rank and not started and isinstance(family(name), NeuralFamily):
+    if fresh:
         save_best(model)
+        mark_untrained(out_dir)  # until the first best model replaces them, --resume may start them again
     t0 = time.time()
     try:
-        model = family(name).train(model, splits, out_dir, save_best, started, session_minutes)
+        model = _fit_family(family(name), model, splits, out_dir, save_best, started, session_minutes)
     except BaseException:
         if main_rank and not run_status(out_dir)["started"]:
             _remove_new(out_dir, before)
@@ -265,6 +277,28 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     if not main_rank:
         return {}
     return _final_report(name, out_dir, texts, data_cfg, seconds)
+
+
+def _fit_family(fam, model, splits: Splits, out_dir: Path, save, resume: bool, session_minutes: float):
+    """A neural family through the one loop (its batches, its step); a count-based one is estimated."""
+    if isinstance(fam, NeuralFamily):
+        fit(model, fam.step, fam.batches(model.config, model.vocab), splits.train, splits.valid, model.config.train,
+            out_dir, save, resume, session_minutes)
+        return model
+    return fam.train(model, splits, out_dir, save, resume, session_minutes)
+
+
+def _claim_out(out_dir: Path, resume: bool, force: bool, init_from: str | None) -> bool:
+    """--out: a directory without a model, or one --force replaces (True: clear it before writing); with
+    --resume the model to continue. Rank 0 of a data-parallel run claims it for every rank."""
+    if resume:
+        if force:
+            raise SeqlmError("--resume continues the model in --out and --force would replace it: give one of them")
+        return False
+    if int(os.environ.get("RANK", "0")) != 0:
+        return False
+    return claim_output(out_dir, force, "--out", directory=True, inputs=[init_from],
+                        also="use --resume to continue it, ")
 
 
 def _remove_new(out_dir: Path, before: set[Path]) -> None:
