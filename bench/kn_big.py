@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-import kn_scale as ks
+from _kn_common import rss_mb, run_measured, worker
 
 BIG_FRACTIONS = (0.125, 0.25, 0.5)
 PRUNE = "0 1 1 2"
@@ -45,14 +45,14 @@ def worker_estimate_big(args) -> dict:
     from seqlm.models.kn import KNConfig, estimate_kn
     from seqlm.ngram.binary import write_binary
 
-    base = ks._rss_mb()  # Python, numpy and torch (imported by seqlm) before any work
+    base = rss_mb()  # Python, numpy and torch (imported by seqlm) before any work
     t0 = time.perf_counter()
     vocab = build_vocab(args.text)
     stream = encode_file(args.text, vocab)
     t1 = time.perf_counter()
     model = estimate_kn(KNConfig(order=int(args.order), memory=args.memory, prune=args.prune or "0"), stream, vocab)
     t2 = time.perf_counter()
-    out = {"read_seconds": t1 - t0, "estimate_seconds": t2 - t0, "estimate_peak_rss_mb": ks._rss_mb(),
+    out = {"read_seconds": t1 - t0, "estimate_seconds": t2 - t0, "estimate_peak_rss_mb": rss_mb(),
            "rss_after_import_mb": base,
            "ngrams": model.sizes}
     t = time.perf_counter()
@@ -125,8 +125,8 @@ def fresh(tmp: Path, name: str) -> Path:
 def seqlm_side(train: Path, tmp: Path, name: str, budget: str, prune: str | None) -> tuple[dict, Path]:
     scratch = fresh(tmp, f"seqlm-{name}")
     with DiskPeak(scratch / "tables") as tables, DiskPeak(scratch / "tables", scratch / "cache") as disk:
-        est, wall, rss = ks.worker("estimate_big", text=train, order=5, out=scratch / "out", memory=budget,
-                                   prune=prune, scratch=scratch)
+        est, wall, rss = worker("estimate_big", text=train, order=5, out=scratch / "out", memory=budget,
+                                prune=prune, scratch=scratch)
     row = {"seconds": est["to_arpa_seconds"], "to_binary_seconds": est["to_binary_seconds"],
            "estimate_seconds": est["estimate_seconds"], "read_seconds": est["read_seconds"],
            "arpa_write_seconds": est["arpa_write_seconds"], "binary_write_seconds": est["binary_write_seconds"],
@@ -146,11 +146,11 @@ def lmplz_side(kb: Path, train: Path, test: Path | None, tmp: Path, name: str, b
     cmd = [str(kb / "lmplz"), "-o", "5", "-S", budget, "-T", str(scratch / "tables"), "--discount_fallback"]
     cmd += ["--prune", *prune.split()] if prune else []
     with DiskPeak(scratch / "tables") as disk:
-        wall, rss, _ = ks.run_measured(cmd, stdin=train, stdout=arpa)
+        wall, rss, _ = run_measured(cmd, stdin=train, stdout=arpa)
     row = {"lmplz_seconds": wall, "lmplz_peak_rss_mb": rss, "lmplz_tmp_disk_mb": disk.peak_mb,
            "lmplz_arpa_bytes": arpa.stat().st_size}
     if test is not None:
-        qwall, qrss, text = ks.run_measured([str(kb / "query"), "-v", "summary", str(arpa)], stdin=test)
+        qwall, qrss, text = run_measured([str(kb / "query"), "-v", "summary", str(arpa)], stdin=test)
         summary = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
         row.update(lmplz_test_ppl=float(summary["Perplexity including OOVs"]),
                    lmplz_query_seconds_with_arpa_load=qwall, lmplz_query_peak_rss_mb=qrss)
@@ -170,7 +170,7 @@ def full_row(name: str, files: dict, info: dict, tmp: Path, kb: Path | None, bud
            "corpus": corpus_fields(info)}
     seq, out = seqlm_side(files["train"], tmp, name, budget, prune)
     row.update(seq)
-    load, _, _ = ks.worker("load", model=out / "model.bin", text=files["test"])
+    load, _, _ = worker("load", model=out / "model.bin", text=files["test"])
     row.update(binary_load_seconds=load["load_seconds"], binary_load_rss_mb=load["load_rss_mb"],
                test_ppl=load["ppl"], test_tokens=load["tokens"], query_tokens_per_s=load["query_tokens_per_s"],
                query_text_tokens_per_s=load["query_text_tokens_per_s"])

@@ -30,9 +30,7 @@ import gzip
 import hashlib
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from _kn_common import kenlm_bin, rss_mb, run_measured, worker  # noqa: E402
+
 from common import merge_rows  # noqa: E402  (stamps provenance at import)
 
 NAME = "kn_scale"
@@ -48,11 +48,6 @@ BIG_ROWS = ("big-kn5", "big-kn5-prune", "big-kn5-frac", "big-kn5-frac0.125", "bi
 
 
 # ---- the worker: one step in a fresh process, JSON on stdout -------------------------------------------
-
-
-def _rss_mb() -> float:
-    """This process's peak RSS so far (MB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _rss_now_mb() -> float:
@@ -66,14 +61,14 @@ def worker_estimate(args: argparse.Namespace) -> dict:
     from seqlm.models.kn import KNConfig, estimate_kn
     from seqlm.ngram.binary import write_binary
 
-    base = _rss_mb()
+    base = rss_mb()
     t0 = time.perf_counter()
     vocab = build_vocab(args.text)
     stream = encode_file(args.text, vocab)
     t1 = time.perf_counter()
     model = estimate_kn(KNConfig(order=args.order, memory=args.memory or ""), stream, vocab)
     t2 = time.perf_counter()
-    out = {"read_seconds": t1 - t0, "estimate_seconds": t2 - t0, "peak_rss_mb": _rss_mb(), "rss_after_import_mb": base,
+    out = {"read_seconds": t1 - t0, "estimate_seconds": t2 - t0, "peak_rss_mb": rss_mb(), "rss_after_import_mb": base,
            "ngrams": model.sizes}
     if args.out:
         t = time.perf_counter()
@@ -83,7 +78,7 @@ def worker_estimate(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         write_binary(model, Path(args.out) / "model.bin")
         out["binary_write_seconds"] = time.perf_counter() - t
-        out["peak_rss_with_writing_mb"] = _rss_mb()
+        out["peak_rss_with_writing_mb"] = rss_mb()
     shutil.rmtree(os.environ["SEQLM_CACHE"], ignore_errors=True)
     return out
 
@@ -91,13 +86,13 @@ def worker_estimate(args: argparse.Namespace) -> dict:
 def worker_load(args: argparse.Namespace) -> dict:
     import numpy as np
 
-    from seqlm.ngram.query import NgramModel
+    from seqlm.ngram.query import NGramQuery
 
     base = _rss_now_mb()
     t0 = time.perf_counter()
-    m = NgramModel(args.model)
+    m = NGramQuery(args.model)
     load = time.perf_counter() - t0
-    out = {"load_seconds": load, "load_rss_mb": _rss_now_mb() - base, "peak_rss_mb": _rss_mb()}
+    out = {"load_seconds": load, "load_rss_mb": _rss_now_mb() - base, "peak_rss_mb": rss_mb()}
     if args.text:
         lines = _lines(Path(args.text))
         from seqlm.data.corpus import encode_file
@@ -144,53 +139,6 @@ def _lines(path: Path) -> list[str]:
 
 
 # ---- the parent: runs the steps, measures wall time and peak RSS per process ----------------------------
-
-
-GNU_TIME = Path("/usr/bin/time")
-
-
-def run_measured(cmd: list[str], stdin: Path | None = None, stdout: Path | None = None) -> tuple[float, float, str]:
-    """Run cmd; (wall seconds, peak RSS MB of that program alone, its stdout unless redirected).
-
-    The peak comes from GNU time, which starts the program from its own small process: Linux keeps a
-    process's peak RSS across exec, so a program started straight from this (large) Python process
-    would report at least this process's RSS. Without GNU time the peak is wait4's and says so."""
-    with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out, tempfile.NamedTemporaryFile() as peak:
-        fin = open(stdin, "rb") if stdin else subprocess.DEVNULL
-        fout = open(stdout, "wb") if stdout else out
-        timed = GNU_TIME.is_file()
-        full = [str(GNU_TIME), "-f", "%M", "-o", peak.name, *cmd] if timed else cmd
-        t0 = time.perf_counter()
-        p = subprocess.Popen(full, stdin=fin, stdout=fout, stderr=err)
-        _, status, usage = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
-        for f in (fin, fout):
-            if f not in (subprocess.DEVNULL, out):
-                f.close()
-        if p.returncode != 0:
-            err.seek(0)
-            raise SystemExit(f"{cmd[0]} failed ({p.returncode}): {err.read().decode(errors='replace')[-2000:]}")
-        rss = int(Path(peak.name).read_text().split()[-1]) / 1024 if timed else float("nan")
-        out.seek(0)
-        return wall, rss, out.read().decode()
-
-
-def worker(step: str, **kw) -> tuple[dict, float, float]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", step]
-    for k, v in kw.items():
-        if v is not None:
-            cmd += [f"--{k}", str(v)]
-    wall, rss, out = run_measured(cmd)
-    return json.loads(out.strip().splitlines()[-1]), wall, rss
-
-
-def kenlm_bin() -> Path | None:
-    for cand in [os.environ.get("KENLM_BIN"), *os.environ.get("PATH", "").split(os.pathsep),
-                 "/work/shared/tools/kenlm"]:
-        if cand and (Path(cand) / "lmplz").is_file():
-            return Path(cand)
-    return None
 
 
 def corpus_files(name: str, tmp: Path, fraction: float = 1.0) -> dict[str, Path]:

@@ -11,7 +11,7 @@ Both rows use GCIDE (../shared/data/gcide, decompressed to a temporary folder fi
 - gcide-kn5-scoring: one process loads seqlm.kenlm.Model on seqlm's binary and kenlm.Model on
   build_binary of seqlm's ARPA (the same model), then, round after round (best of `--rounds`), scores the
   test set: BaseScore once per word from the same Python loop, full_scores and score per sentence, and batched
-  (seqlm.ngram.NgramModel.score_corpus on ids and on text lines, against kenlm.Model.score per sentence,
+  (seqlm.ngram.NGramQuery.score_corpus on ids and on text lines, against kenlm.Model.score per sentence,
   kenlm having no batch call). The log10 p of both agree (`max_abs_diff_vs_kenlm`).
 Ratios are seqlm / KenLM measured in the same run (the row says how loaded the machine was). Writes
 bench/results/kn_speed.json.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from kn_scale import kenlm_bin, run_measured, worker  # noqa: E402
+from _kn_common import kenlm_bin, run_measured, worker  # noqa: E402
 
 from common import merge_rows  # noqa: E402  (stamps provenance at import)
 
@@ -49,12 +49,12 @@ def worker_scoring(args: argparse.Namespace) -> dict:
     import seqlm.kenlm as ours
     from seqlm.data.corpus import encode_file
     from seqlm.ngram.native import extension
-    from seqlm.ngram.query import NgramModel
+    from seqlm.ngram.query import NGramQuery
 
     lines = [s for s in Path(args.text).read_text(encoding="utf-8").splitlines() if s.strip()]
     tokens = sum(len(s.split()) + 1 for s in lines)
     theirs, mine = kenlm.Model(args.klm), ours.Model(args.model)
-    batch = NgramModel(mine.model)
+    batch = NGramQuery(mine.model)
     stream = encode_file(args.text, batch.vocab, use_cache=False)
     rates: dict[str, float] = {}
     tasks = {"base_score": lambda m, st: _per_call(m, st, lines),

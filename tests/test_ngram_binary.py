@@ -25,7 +25,7 @@ from seqlm.ngram import NGramModel
 from seqlm.ngram.binary import FORMAT_VERSION, HEADER, SECTION, layout, read_binary, write_binary
 from seqlm.ngram.checksum import BLOCK_BYTES, MASK, checksum, checksum_blocks
 from seqlm.ngram.index import build_slots, lookup
-from seqlm.ngram.query import NgramModel, State
+from seqlm.ngram.query import NGramQuery, State
 from test_kn import ORACLE, arpa_entries, needs_oracle, tiny_stream, token_log10
 
 from conftest import cli_env, require_module, write_corpus
@@ -111,8 +111,8 @@ def test_binary_query_reproduces_kenlm_query(name: str, binaries: dict[str, Path
 @pytest.mark.parametrize("name", ["kn3", "kn5-prune00112"])
 def test_full_scores_equal_the_python_backoff_walk(name: str, binaries: dict[str, Path]) -> None:
     entries = arpa_entries(ORACLE / f"{name}.arpa.gz")
-    m = NgramModel(binaries[name])
-    parsed = NgramModel(ORACLE / f"{name}.arpa.gz")  # no hash index: binary search
+    m = NGramQuery(binaries[name])
+    parsed = NGramQuery(ORACLE / f"{name}.arpa.gz")  # no hash index: binary search
     lines = (ORACLE / "query.txt").read_text().splitlines()[:60]
     for line in lines:
         assert list(parsed.full_scores(line)) == list(m.full_scores(line))
@@ -127,7 +127,7 @@ def test_full_scores_equal_the_python_backoff_walk(name: str, binaries: dict[str
 
 @needs_oracle
 def test_score_perplexity_state_and_corpus_paths_agree(binaries: dict[str, Path]) -> None:
-    m = NgramModel(binaries["kn5"])
+    m = NGramQuery(binaries["kn5"])
     lines = (ORACLE / "query.txt").read_text().splitlines()
     corpus = m.score_corpus(lines)
     ref = np.loadtxt(ORACLE / "query.kn5.tsv", skiprows=1, delimiter="\t")
@@ -167,7 +167,7 @@ def test_kenlm_module_agrees_on_a_converted_kenlm_arpa(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "seqlm", "convert", str(ORACLE / "kn5.arpa.gz"), str(tmp_path / "m.bin")],
                        capture_output=True, text=True, env=cli_env(), timeout=120)
     assert r.returncode == 0, r.stderr
-    ours, theirs = NgramModel(tmp_path / "m.bin"), kenlm_py.Model(str(ORACLE / "kn5.arpa.gz"))
+    ours, theirs = NGramQuery(tmp_path / "m.bin"), kenlm_py.Model(str(ORACLE / "kn5.arpa.gz"))
     ptb_test = ORACLE.parent / "ptb" / "test.txt"  # PTB test when the data folder has it (11% OOV here)
     text = ptb_test if ptb_test.is_file() else ORACLE / "query.txt"
     lines = text.read_text().splitlines()
@@ -247,7 +247,7 @@ def test_convert_round_trip_and_bad_files(tmp_path: Path, capsys) -> None:
     for name, content in cases.items():
         (tmp_path / name).write_bytes(bytes(content))
         with pytest.raises(SeqlmError, match=messages[name]):
-            NgramModel(tmp_path / name)
+            NGramQuery(tmp_path / name)
         capsys.readouterr()
         assert main(["convert", str(tmp_path / name), str(tmp_path / "x.bin")]) == 2
         err = capsys.readouterr().err

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from seqlm.api import generate, load, save, score_sentence, score_text
-from seqlm.ngram.query import NgramModel  # KenLM-style query API over n-gram models (docs/ngram.md)
+from seqlm.ngram.query import NGramQuery  # KenLM-style query API over n-gram models (docs/ngram.md)
 
-__all__ = ["load", "save", "score_sentence", "score_text", "generate", "NgramModel"]
+__all__ = ["load", "save", "score_sentence", "score_text", "generate", "NGramQuery"]
 __version__ = "0.1.0"

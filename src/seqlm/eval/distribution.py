@@ -42,7 +42,7 @@ def next_distribution(model: LanguageModel, histories: Sequence[Sequence[int]]) 
 @torch.no_grad()
 def _neural_rows(model: LanguageModel, histories: list[Sequence[int]]) -> np.ndarray:
     """(B, V) log10 distributions after B histories of equal length: one batched step per position."""
-    if hasattr(model, "eval"):
+    if isinstance(model, torch.nn.Module):
         model.eval()
     device = model_device(model)
     ids = torch.tensor([[model.vocab.bos_id, *h] for h in histories], dtype=torch.long, device=device)  # (B, L+1)
@@ -66,13 +66,3 @@ def ngram_distribution(model: NGramModel, histories: Sequence[Sequence[int]]) ->
     logp[:, model.vocab.bos_id] = -np.inf
     return logp
 
-
-def ngram_state_distribution(model: NGramModel, contexts: Sequence[tuple[int, ...]]) -> np.ndarray:
-    """(B, V) log10 distributions after decoder states: contexts[b][k-1] is the id at order k of the
-    context's last k words (seqlm.ngram.query.State.words), so no lookup is needed to find them."""
-    ctx = np.full((len(contexts), max(model.order - 1, 0)), -1, dtype=np.int64)  # (B, N-1)
-    for b, c in enumerate(contexts):
-        ctx[b, : len(c)] = c
-    logp = model.log10_distribution_after(ctx)  # (B, V)
-    logp[:, model.vocab.bos_id] = -np.inf
-    return logp

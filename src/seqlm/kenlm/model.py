@@ -1,4 +1,4 @@
-"""`kenlm.Model` over seqlm models: n-gram files through seqlm.ngram.NgramModel, neural model directories
+"""`kenlm.Model` over seqlm models: n-gram files through seqlm.ngram.NGramQuery, neural model directories
 through neural.py's NeuralScorer; both answer the same calls, and this class adds what is kenlm's own
 (its errors, float32 sentence sums, `<unk>` not "in" the model).
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
-from seqlm.ngram.query import FullScoreReturn, NgramModel, State  # noqa: F401 (kenlm's names, re-exported)
+from seqlm.ngram.query import FullScoreReturn, NGramQuery, State  # noqa: F401 (kenlm's names, re-exported)
 
 KENLM_BINARY_MAGIC = b"mmap lm "  # how KenLM's build_binary files begin (its binary_format.cc)
 
@@ -52,7 +52,7 @@ class Model:
         self.config = config if config is not None else Config()
         lm = _load(path)
         if isinstance(lm, NGramModel):
-            self._scorer = NgramModel(lm)
+            self._scorer = NGramQuery(lm)
         else:
             from seqlm.kenlm.neural import NeuralScorer
 

@@ -1,12 +1,12 @@
 """N-gram language models: interpolated modified Kneser-Ney estimation (as KenLM's lmplz), ARPA I/O,
 seqlm's memory-mapped binary format, pruning and a KenLM-style query API (docs/ngram.md).
 
-    from seqlm.ngram import NGramModel, NgramModel, estimate_model, read_binary, write_binary
+    from seqlm.ngram import NGramModel, NGramQuery, estimate_model, read_binary, write_binary
     model = estimate_model(train_stream, vocab, order=5)    # vocab: the training Vocab (no <s>)
     model.to_arpa("model.arpa.gz")
     write_binary(model, "model.bin")                        # mapped, not parsed, by read_binary
     model = NGramModel.from_arpa("kenlm.arpa")              # KenLM / SRILM / seqlm files
-    NgramModel("model.bin").score("the cat sat")            # kenlm.Model's interface
+    NGramQuery("model.bin").score("the cat sat")            # kenlm.Model's interface
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from seqlm.ngram.kneser_ney import (
 )
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.prune import prune_entropy
-from seqlm.ngram.query import NgramModel, State
+from seqlm.ngram.query import NGramQuery, State
 
 __all__ = [
     "FALLBACK_DISCOUNTS",
@@ -34,7 +34,7 @@ __all__ = [
     "Discount",
     "NGramCounts",
     "NGramModel",
-    "NgramModel",
+    "NGramQuery",
     "State",
     "adjust_counts",
     "compute_discounts",

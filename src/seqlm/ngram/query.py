@@ -1,6 +1,6 @@
 """The query API KenLM users know, over seqlm's n-gram tables (ARPA semantics, log10 everywhere).
 
-    m = seqlm.NgramModel("runs/kn5")           # model dir (binary used when present), .arpa[.gz], .bin
+    m = seqlm.NGramQuery("runs/kn5")           # model dir (binary used when present), .arpa[.gz], .bin
     m.score("the cat sat", bos=True, eos=True)  # log10 P(the cat sat </s> | <s>)
     list(m.full_scores("the cat sat"))          # [(log10 p, matched n-gram length, is OOV), ...]
     m.perplexity("the cat sat")
@@ -159,9 +159,11 @@ def load_tables(path: str | Path) -> NGramModel:
     return load_ngram_file(path)
 
 
-class NgramModel:
-    """KenLM's `kenlm.Model` interface (score, full_scores, perplexity, BeginSentenceWrite, BaseScore,
-    BaseFullScore), a batched `score_corpus` and the whole next-word distribution (`next_distribution`)."""
+class NGramQuery:
+    """The queries over an NGramModel's tables: KenLM's `kenlm.Model` interface (score, full_scores,
+    perplexity, BeginSentenceWrite, BaseScore, BaseFullScore), a batched `score_corpus` and the whole
+    next-word distribution (`next_distribution`). NGramModel is the model (tables, estimation, ARPA, the
+    LanguageModel protocol); this is how a decoder or a KenLM user asks it things."""
 
     def __init__(self, model: str | Path | NGramModel):
         # KenLM's tables (blanks added where a suffix is missing), so that matched lengths are kenlm's
@@ -176,7 +178,7 @@ class NgramModel:
         self.BaseScore = self._scalar.base_score
 
     def __repr__(self) -> str:
-        return f"NgramModel(order={self.order}, sizes={self.model.sizes})"
+        return f"NGramQuery(order={self.order}, sizes={self.model.sizes})"
 
     def __contains__(self, word: str) -> bool:
         return word in self._stoi
@@ -230,10 +232,14 @@ class NgramModel:
 
     def next_distribution(self, states: list[State]) -> np.ndarray:
         """(N, V) float64 log10 p(w | state) of every word after each state, vectorised (no loop over words);
-        column w equals BaseScore(state, vocab.itos[w])."""
-        from seqlm.eval.distribution import ngram_state_distribution
-
-        return ngram_state_distribution(self.model, [s.words for s in states])
+        column w equals BaseScore(state, vocab.itos[w]), but <s>'s: -inf."""
+        # a state holds the ids the walk needs (State.words), so the contexts need no lookup
+        ctx = np.full((len(states), max(self.order - 1, 0)), -1, dtype=np.int64)  # (B, N-1)
+        for b, s in enumerate(states):
+            ctx[b, : len(s.words)] = s.words
+        logp = self.model.log10_distribution_after(ctx)  # (B, V)
+        logp[:, self._bos] = -np.inf  # <s> is context only: each row sums to 1 over the words that can follow
+        return logp
 
     # ---- whole corpora --------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from seqlm.errors import SeqlmError
 from seqlm.ngram.binary import write_binary
-from seqlm.ngram.query import NgramModel, load_tables
+from seqlm.ngram.query import NGramQuery, load_tables
 
 ARPA_OUT = (".arpa", ".arpa.gz", ".lm", ".lm.gz")
 CHUNK = 20_000  # sentences scored per batched call: bounded memory on any input size
@@ -47,7 +47,7 @@ def _chunks(lines: Iterable[str]) -> Iterator[list[str]]:
 
 def query(model_path: str, text: TextIO, out: TextIO, level: str = "word") -> dict:
     """Score each line of `text` as a sentence; print KenLM `query`'s lines and its perplexity summary."""
-    m = NgramModel(model_path)
+    m = NGramQuery(model_path)
     total = total_excl = 0.0
     tokens = oov_count = 0
     for lines in _chunks(text):
@@ -77,7 +77,7 @@ def query(model_path: str, text: TextIO, out: TextIO, level: str = "word") -> di
     return {"ppl": ppl, "ppl_excl_oov": ppl_excl, "oov": oov_count, "tokens": tokens}
 
 
-def _sentence_line(m: NgramModel, words: list[str], logp, length, oov, level: str) -> str:
+def _sentence_line(m: NGramQuery, words: list[str], logp, length, oov, level: str) -> str:
     total = f"Total: {float(logp.sum()):.8g} OOV: {int(oov.sum())}\n"
     if level == "sentence":
         return total
