@@ -58,7 +58,7 @@ def code_usage(model, stream) -> dict:
 
 
 def _peeks(model) -> bool:
-    return getattr(model, "family", None) == "dae" and bool(model.peek)
+    return model.capabilities().peeks
 
 
 def check_pair(base, model, baseline: str | Path, dae: str | Path) -> None:
@@ -67,8 +67,8 @@ def check_pair(base, model, baseline: str | Path, dae: str | Path) -> None:
     if _peeks(base):
         raise SeqlmError(f"{baseline}: the BASELINE peeks at c(s) (a dae model with peek); the arguments look "
                          "swapped: give BASELINE (no peeking) then DAE")
-    if getattr(model, "family", None) != "dae":
-        raise SeqlmError(f"{dae}: not a dae model (it is {getattr(model, 'family', '?')}); give BASELINE then DAE")
+    if model.family != "dae":
+        raise SeqlmError(f"{dae}: not a dae model (it is {model.family}); give BASELINE then DAE")
     if not _peeks(model):
         raise SeqlmError(f"{dae}: this dae model was trained with --peek false, so it does not peek at c(s); "
                          "give it as BASELINE and a dae model with peek as DAE")
@@ -77,19 +77,18 @@ def check_pair(base, model, baseline: str | Path, dae: str | Path) -> None:
 def dsae_from_dirs(baseline: str | Path, dae: str | Path, data: str | None, text: str | None, split: str) -> dict:
     """`seqlm dsae BASELINE DAE`: both models scored on the same text, sentence by sentence."""
     import seqlm
-    from seqlm.data.corpus import encode_file
     from seqlm.data.datasets import resolve_corpus, split_path
     from seqlm.eval.perplexity import evaluate
+    from seqlm.protocol import encode_text
 
     base, model = seqlm.load(baseline), seqlm.load(dae)
     check_pair(base, model, baseline, dae)
-    unit = model.data_config.unit
-    if base.vocab != model.vocab or getattr(base.data_config, "unit", "word") != unit:
+    if base.vocab != model.vocab or not base.text_spec().same_reading(model.text_spec()):
         raise SeqlmError("the two models have different vocabularies or units: per-token perplexities would not "
                          "be comparable; train both on the same corpus with the same --unit")
     if not (data or text) or (data and text):
         raise SeqlmError("give the text: --data CORPUS (with --split) or --text FILE")
     path = Path(text) if text else split_path(resolve_corpus(data), split)
-    stream = encode_file(path, model.vocab, unit=unit)
+    stream = encode_text(model, path)
     p, p_prime = evaluate(base, stream)["ppl"], evaluate(model, stream)["ppl"]
     return dsae_report(p, p_prime, model.bits, model.code.K) | {"code": code_usage(model, stream)}
