@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Model and training options (--hidden, --lr, --max-epochs, ...) follow as "
                                    "--key value; `seqlm train --model NAME --help-config` lists them.")
     t.add_argument("--model", type=_family_name, default=None, metavar="{" + ",".join(trainable_families()) + "}",
-                   help=f"model family to train (default {DEFAULT_FAMILY}, the best one measured)")
+                   help=f"model family to train (default {DEFAULT_FAMILY})")
     t.add_argument("--data", default=None, help="dataset name (ptb), corpus directory (train.txt; valid.txt and "
                    "test.txt optional) or one text file; no default")
     t.add_argument("--text", default=None, metavar="FILE", help="or one training text file (- = standard input, "
