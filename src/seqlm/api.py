@@ -153,8 +153,7 @@ def describe(path: str | Path) -> dict:
         tied = getattr(model.config, "tie_embeddings", None)
         if tied is not None:
             info["tied"] = tied  # True: the output layer reuses the input embedding (counted once)
-    else:
-        info["parameters"] = None  # a count-based model says what it stores in describe()
-    info.update(model.describe())  # n-gram sizes, a history rule
+    info.update(model.describe())  # n-gram sizes and parameters, a history rule
+    info.setdefault("parameters", None)  # a cache or a mixture stores no parameters of its own
     info["vocab_size"] = len(model.vocab)
     return info | {"text": asdict(model.text_spec()), "capabilities": asdict(model.capabilities())}
