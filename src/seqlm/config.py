@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from seqlm.errors import SeqlmError
 
@@ -49,8 +49,27 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     max_minutes: float = 0.0  # this invocation stops (evaluates, saves, can --resume) after this long; 0 = no limit
     eval_tokens: int = 4096  # positions per evaluation batch
+    # sentence | stream | auto: how each epoch's validation perplexity (schedule, best epoch) is measured;
+    # auto = the mode the model trains in: stream for a model trained on a carried stream, else sentence
+    valid_mode: str = "auto"
     max_nan_retries: int = 3  # non-finite loss: restore last good state, halve lr, retry
     bptt: InitVar[int | None] = None  # old name of seq_len, still accepted (config.json, --bptt, keyword)
+
+    # Options that one optimiser or schedule alone reads: option -> (the choosing option, those that read
+    # it). Given explicitly under another choice they would change nothing, so apply_overrides refuses them.
+    USED_BY: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        "momentum": ("optimizer", ("sgd",)),
+        "beta1": ("optimizer", ("adam", "adamw")),
+        "beta2": ("optimizer", ("adam", "adamw")),
+        "eps": ("optimizer", ("adam", "adamw")),
+        "warmup_steps": ("schedule", ("warmup-cosine",)),
+        "min_lr": ("schedule", ("warmup-cosine",)),
+        "min_improvement": ("schedule", ("newbob",)),
+        "halving_epochs": ("schedule", ("newbob",)),
+    }
+    # What a config.json written before a field existed trained with, where that differs from today's
+    # default: a resumed old run goes on as it started (validated by sentence).
+    OLD_FILES: ClassVar[dict[str, Any]] = {"valid_mode": "sentence"}
 
     def __post_init__(self, bptt: int | None = None) -> None:
         if bptt is not None:
@@ -59,6 +78,7 @@ class TrainConfig:
         _choice("schedule", self.schedule, ("newbob", "warmup-cosine"))
         _choice("precision", self.precision, ("fp32", "bf16"))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
+        _choice("valid_mode", self.valid_mode, ("sentence", "stream", "auto"))
         _positive(self, "lr", "batch_size", "seq_len", "max_epochs", "eval_tokens", "eps")
         if self.rollback and self.schedule != "newbob":
             raise SeqlmError(f"--rollback needs --schedule newbob (an epoch is undone when validation stalls), "
@@ -152,20 +172,73 @@ def _convert(name: str, text: Any, typ: Any) -> Any:
 
 
 def apply_overrides(configs: list[Any], overrides: dict[str, Any]) -> None:
-    """Set `key: value` pairs on whichever config owns the key; unknown keys are an error."""
+    """Set `key: value` pairs on whichever config owns the key; unknown keys are an error.
+
+    A preset (a field its config lists in PRESETS, e.g. a Transformer's `size`) is applied before the other
+    options, whatever their order: an option given with it wins over it. An option given explicitly that
+    the chosen optimiser or schedule does not read (its config's USED_BY) is refused.
+    """
     owners: dict[str, tuple[Any, dataclasses.Field]] = {}
     for cfg in configs:
         owners.update(flat_fields(cfg))
-    for key, value in overrides.items():
-        name = key.lstrip("-").replace("-", "_")
-        name = RENAMED.get(name, name) if name not in owners else name
-        if name not in owners:
-            known = ", ".join("--" + k.replace("_", "-") for k in sorted(owners))
-            raise SeqlmError(f"unknown option --{key.lstrip('-')}; this model takes: {known}")
+    given = {_owned_name(key, owners): value for key, value in overrides.items()}
+    before = {name: getattr(owners[name][0], name) for name in given}
+    for name in sorted(given, key=lambda n: n not in _presets(owners[n][0])):
         owner, f = owners[name]
-        setattr(owner, name, _convert(name, value, f.type))
+        setattr(owner, name, _convert(name, given[name], f.type))
+        _apply_preset(owner, name)
+    for cfg in configs:
+        _unlabel_presets(cfg)
+    for name in given:
+        _refuse_unread(owners[name][0], name, before[name])
     for cfg in configs:
         revalidate(cfg)
+
+
+def _owned_name(key: str, owners: dict[str, Any]) -> str:
+    name = key.lstrip("-").replace("-", "_")
+    name = RENAMED.get(name, name) if name not in owners else name
+    if name not in owners:
+        known = ", ".join("--" + k.replace("_", "-") for k in sorted(owners))
+        raise SeqlmError(f"unknown option --{key.lstrip('-')}; this model takes: {known}")
+    return name
+
+
+def _presets(cfg: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """A config's presets: field -> {preset name -> the values it gives other fields}."""
+    return getattr(type(cfg), "PRESETS", {})
+
+
+def _apply_preset(cfg: Any, name: str) -> None:
+    table = _presets(cfg).get(name, {})
+    for key, value in table.get(getattr(cfg, name), {}).items():
+        setattr(cfg, key, value)
+
+
+def _unlabel_presets(cfg: Any) -> None:
+    """A preset's name stays only while its fields hold its values: an option that changed one leaves the
+    name "" (config.json then holds the fields as they are, and no later validation re-applies the preset)."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            _unlabel_presets(value)
+    for name, table in _presets(cfg).items():
+        chosen = table.get(getattr(cfg, name))
+        if chosen is not None and any(getattr(cfg, k) != v for k, v in chosen.items()):
+            setattr(cfg, name, "")
+
+
+def _refuse_unread(cfg: Any, name: str, before: Any) -> None:
+    """Refuse an option set (to a new value) under an optimiser or schedule that does not read it."""
+    rule = getattr(type(cfg), "USED_BY", {}).get(name)
+    if rule is None or getattr(cfg, name) == before:
+        return
+    chooser, readers = rule
+    if getattr(cfg, chooser) not in readers:
+        flag, by = "--" + name.replace("_", "-"), "--" + chooser.replace("_", "-")
+        read = "reads" if len(readers) == 1 else "read"
+        raise SeqlmError(f"{flag} {getattr(cfg, name)} has no effect under {by} {getattr(cfg, chooser)} "
+                         f"(only {' and '.join(readers)} {read} it); drop {flag} or give {by} {readers[0]}")
 
 
 def revalidate(cfg: Any) -> None:
@@ -268,6 +341,8 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
             kwargs[k] = _saved_scalar(cls, k, v, t)
         else:
             kwargs[k] = tuple(v) if isinstance(v, list) else v
+    for k, v in getattr(cls, "OLD_FILES", {}).items():  # a field added since the file was written
+        kwargs.setdefault(k, v)
     return cls(**kwargs)
 
 

@@ -120,13 +120,27 @@ def run_generate(args: Any) -> list[str]:
     import seqlm
 
     model = seqlm.load(args.model_dir)
-    if hasattr(model, "generate_lines"):  # a model that needs more than a sentence start (dae: c(s) first)
-        return model.generate_lines(args)
+    lines = model.generate_lines(args)  # a model that needs more than a sentence start (dae: c(s) first)
+    if lines is not None:
+        return lines
+    if args.latent:
+        raise SeqlmError(f"--latent: a {model.family} model has no latent code to decode from (only a dae model "
+                         "has one); drop --latent")
+    if args.beam:
+        why = "--beam searches for the most probable sentences, nothing is sampled"
+        _unused("--temperature", args.temperature, 1.0, why)
+        _unused("--seed", args.seed, 0, why)
     unit = getattr(getattr(model, "data_config", None), "unit", "word")
     if args.beam:
         hyps = beam_search(model, args.beam, args.max_len)[: args.num]
         return [detokenize(model.vocab.decode(h.ids), unit) for h in hyps]
     return [detokenize(s, unit) for s in sample(model, args.num, args.seed, args.temperature, args.max_len)]
+
+
+def _unused(option: str, value: float, neutral: float, why: str) -> None:
+    """Refuse an option whose value would change nothing here (`why`): a user who set it expects it to."""
+    if value != neutral:
+        raise SeqlmError(f"{option} {value:g} has no effect: {why}; drop {option}")
 
 
 def _parse_code(text: str, bits: int) -> list[int]:
@@ -156,6 +170,10 @@ def run_dae_generate(model: Any, args: Any) -> list[str]:
     """dae: sample c(s) from the latent model and beam-decode s from each (one line per sample); or with
     --latent, the best min(--num, beam) sentences for that code. The beam is --beam, else 4."""
     _check(args.num, args.max_len)
+    _unused("--temperature", args.temperature, 1.0,
+            "a dae model samples its code at temperature 1 and beam-decodes the sentence from it")
+    if args.latent:
+        _unused("--seed", args.seed, 0, "--latent gives the code and a beam search decodes it, nothing is sampled")
     model.eval()
     unit = getattr(getattr(model, "data_config", None), "unit", "word")
     beam = args.beam or 4
