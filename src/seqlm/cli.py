@@ -278,8 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help=cmd_generate.__doc__)
     g.add_argument("model_dir", help="model directory (or an .arpa file)")
     g.add_argument("--num", type=int, default=5, help="number of sentences to sample")
-    g.add_argument("--seed", type=int, default=0, help="random seed (the same seed gives the same sentences)")
-    g.add_argument("--temperature", type=float, default=1.0, help="divide the log-probabilities by this (<1: safer)")
+    g.add_argument("--seed", type=int, default=0, help="random seed (the same seed gives the same sentences; "
+                   "sampling only)")
+    g.add_argument("--temperature", type=float, default=1.0, help="divide the log-probabilities by this "
+                   "(<1: safer; sampling only, not with --beam)")
     g.add_argument("--max-len", type=int, default=100, help="stop a sentence after this many words")
     g.add_argument("--beam", type=int, default=0, help="beam search of this width instead of sampling; prints "
                    "the best min(--num, N)")
