@@ -218,3 +218,37 @@ def test_a_run_that_fails_before_its_first_state_leaves_the_directory_as_found(t
     assert [p.name for p in out.iterdir()] == ["notes.txt"]  # nothing of the failed run, the user's file kept
     monkeypatch.undo()
     assert _train(corpus, out, "--max-epochs", "1") == 0  # the same command again, without --resume
+
+
+def _files(d) -> dict:
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_resume_refuses_a_model_without_its_state_and_changes_nothing(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus", n_train=60, n_eval=10)
+    out, saved = tmp_path / "m", tmp_path / "saved"
+    assert _train(corpus, out, "--max-epochs", "1") == 0
+    (out / "resume" / "state.safetensors").unlink()  # deleted, or the directory copied without it
+    seqlm.save(seqlm.load(out), saved)  # a model written by seqlm.save has no state either
+    for d in (out, saved):
+        before = _files(d)
+        capsys.readouterr()
+        assert _train(corpus, d, "--max-epochs", "2", "--resume") == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "training state" in err and f"--init-from {d}" in err, err
+        assert _files(d) == before
+    assert len(_rows(out)) == 1
+    assert _train(corpus, tmp_path / "on", "--max-epochs", "1", "--init-from", str(out)) == 0  # the way it names
+
+
+def test_resume_with_another_family_changes_nothing(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus", n_train=60, n_eval=10)
+    out = tmp_path / "m"
+    assert _train(corpus, out, "--max-epochs", "1") == 0
+    before = _files(out)
+    capsys.readouterr()
+    argv = ["train", "--model", "fnn", "--data", str(corpus), "--out", str(out), "--resume", "--max-epochs", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--model rnn" in err, err
+    assert _files(out) == before

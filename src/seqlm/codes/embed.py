@@ -15,6 +15,7 @@ import numpy as np
 
 from seqlm.checkpoint import atomic_path
 from seqlm.errors import SeqlmError
+from seqlm.outputs import claim_output
 
 
 @dataclass
@@ -28,13 +29,15 @@ class EmbedOptions:
     seed: int = 1
 
 
-def train_embeddings(text: Path, out: Path, opt: EmbedOptions) -> dict:
-    """Skip-gram with negative sampling on a tokenised text file (.gz ok), one sentence per line."""
+def train_embeddings(text: Path, out: Path, opt: EmbedOptions, force: bool = False) -> dict:
+    """Skip-gram with negative sampling on a tokenised text file (.gz ok), one sentence per line; an
+    existing `out` is replaced only with `force`."""
     from gensim.models import Word2Vec
     from gensim.models.word2vec import LineSentence
 
     if not text.is_file():
         raise SeqlmError(f"{text}: no such text file")
+    claim_output(out, force, "--out", inputs=[text])
     for name in ("dim", "window", "negative", "min_count", "epochs", "threads"):
         if getattr(opt, name) < 1:
             raise SeqlmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(opt, name)}")
@@ -108,13 +111,14 @@ def embed_from_cli(args) -> dict:
         path = split_path(resolve_corpus(args.corpus), "train")
     opt = EmbedOptions(dim=args.dim, window=args.window, negative=args.negative, min_count=args.min_count,
                        epochs=args.epochs, threads=args.threads, seed=args.seed)
-    return train_embeddings(path, Path(args.out), opt)
+    return train_embeddings(path, Path(args.out), opt, args.force)
 
 
 def add_embed_options(p) -> None:
     d = EmbedOptions()
     p.add_argument("corpus", help="tokenised text file (.gz ok), or a corpus name/directory (its train split)")
     p.add_argument("--out", required=True, help="word2vec text file to write")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--dim", type=int, default=d.dim, help="vector size")
     p.add_argument("--window", type=int, default=d.window, help="context words on each side")
     p.add_argument("--negative", type=int, default=d.negative, help="negative samples per pair")

@@ -28,6 +28,7 @@ from seqlm.checkpoint import atomic_write_text
 from seqlm.codes.embed import load_vectors
 from seqlm.errors import SeqlmError
 from seqlm.nn.sparse_code import CodeBook
+from seqlm.outputs import claim_output
 
 EPS = 1e-6  # floor of R1 and R2 in the adaptive weights
 
@@ -121,8 +122,13 @@ def _fit_error(U: torch.Tensor, W: torch.Tensor, idx: torch.Tensor, vals: torch.
     return ((recon - W) ** 2).sum(1) / (W**2).sum(1).clamp(min=1e-12)
 
 
-def sparse_codes(vectors: Path, out: Path, opt: CodeOptions, show: list[str] | None = None) -> dict:
-    """Solve the codes, write the codes file and `OUT.report.json`; return the report."""
+def sparse_codes(vectors: Path, out: Path, opt: CodeOptions, show: list[str] | None = None,
+                 force: bool = False) -> dict:
+    """Solve the codes, write the codes file and `OUT.report.json` (replacing existing ones only with
+    `force`); return the report."""
+    report_path = Path(str(out) + ".report.json")
+    for path in (out, report_path):  # both refused before any work, so that neither is half replaced
+        claim_output(path, force, "--out", inputs=[vectors])
     if opt.threads:
         torch.set_num_threads(opt.threads)
     torch.manual_seed(opt.seed)
@@ -143,7 +149,7 @@ def sparse_codes(vectors: Path, out: Path, opt: CodeOptions, show: list[str] | N
     book.write(out)
     report = _report(book, words, opt, _fit_error(U, W, idx, vals), show, time.time() - t0)
     report["single_base_word"] = int(single.sum())  # words whose optimised code fitted worse (see _solve_chunk)
-    atomic_write_text(Path(str(out) + ".report.json"), json.dumps(report, indent=2) + "\n")
+    atomic_write_text(report_path, json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -184,13 +190,14 @@ def codes_from_cli(args) -> str:
                       threshold=args.threshold, candidates=args.candidates, chunk=args.chunk, seed=args.seed,
                       threads=args.threads)
     show = [w for w in (args.show or "").split(",") if w]
-    return summary_lines(sparse_codes(Path(args.vectors), Path(args.out), opt, show))
+    return summary_lines(sparse_codes(Path(args.vectors), Path(args.out), opt, show, args.force))
 
 
 def add_codes_options(p) -> None:
     d = CodeOptions()
     p.add_argument("vectors", help="word2vec text or binary file, most frequent word first (seqlm embed)")
     p.add_argument("--out", required=True, help="codes file to write (and OUT.report.json)")
+    p.add_argument("--force", action="store_true", help="replace --out and OUT.report.json if they exist")
     p.add_argument("--base", type=int, default=d.base, help="base words: the first B words of the file")
     p.add_argument("--w-alpha", type=float, default=d.w_alpha, help="l1 term's share of the fitting loss")
     p.add_argument("--w-beta", type=float, default=d.w_beta, help="sum-to-one term's share of the fitting loss")

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from seqlm.checkpoint import atomic_path, atomic_write_text
+from seqlm.outputs import claim_output, made_by_matplotlib
+
 DEFAULT_ALPHAS = tuple(round(0.05 * k, 2) for k in range(1, 21))  # 0.05 .. 1.0
 DEFAULT_EPSILONS = (0.01, 0.001, 0.0001)
 CORPUS_ALPHAS = tuple(round(0.55 + 0.05 * k, 2) for k in range(10))  # 0.55 .. 1.0
@@ -476,7 +479,8 @@ def plot(result: dict, path: str | Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -503,11 +507,15 @@ def run(
     corpus_alphas: Sequence[float] | None = None,
     corpus_epsilon: float = 0.01,
     max_prefixes: int | None = None,
+    force: bool = False,
 ) -> dict:
     """`seqlm fofe-collisions`: the simulation (and, given a corpus, the real-text check); JSON-ready.
 
     Corpus prefixes end at every token including each sentence's </s>, one prefix per corpus token.
+    The outputs replace an earlier run's (they have default names), any other file only with `force`.
     """
+    claim_output(out_json, force, "--out-json", ours=_our_json, inputs=[corpus_path])
+    claim_output(out_png, force, "--out-png", ours=made_by_matplotlib, inputs=[corpus_path])
     alphas = DEFAULT_ALPHAS if alphas is None else alphas
     epsilons = DEFAULT_EPSILONS if epsilons is None else epsilons
     corpus_alphas = CORPUS_ALPHAS if corpus_alphas is None else corpus_alphas
@@ -520,7 +528,16 @@ def run(
         corpus["path"] = str(corpus_path)
         result["corpus"] = corpus
     if out_json is not None:
-        Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(out_json, json.dumps(result, indent=2) + "\n")
     if out_png is not None:
         plot(result, out_png)
     return result
+
+
+def _our_json(path: Path) -> bool:
+    """The JSON an earlier run wrote: an object with its "simulation" counts."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(result, dict) and isinstance(result.get("simulation"), dict)

@@ -116,12 +116,29 @@ def run(args) -> None:
     if not args.lattice:
         if extra := _given(args, LATTICE_ONLY):
             raise SeqlmError(f"{', '.join(extra)}: lattice options (with --lattice); n-best lists take --nbest/--tsv")
+        _claim_outputs(args)
         rescore_files(args.model_dir, args.nbest, args.tsv, args.acoustic, args.lm_scores, args.costs, comb,
                       args.out, args.best)
     else:
         _run_lattices(args, comb)
     for note in notes:
         print(f"seqlm: {note}", file=sys.stderr)
+
+
+def _claim_outputs(args) -> None:
+    """No file this run writes is one it reads. Earlier results are replaced without --force: they are this
+    command's standard output kept in files, and a sweep over the scales writes the same names again."""
+    from seqlm.outputs import claim_output
+
+    inputs = [args.model_dir, args.nbest, args.acoustic, args.lm_scores, args.tsv, args.words, args.map,
+              *(args.lattice or [])]
+    outputs = [("--out", args.out), ("--best", args.best), ("--nbest-out", args.nbest_out)]
+    if args.lattice and args.lattice_out:  # the rescored lattices keep their files' names
+        if Path(args.lattice_out).is_file():
+            raise SeqlmError(f"--lattice-out {args.lattice_out} is a file; give a directory for the lattices")
+        outputs += [("--lattice-out", Path(args.lattice_out) / Path(f).name) for f in args.lattice]
+    for what, path in outputs:
+        claim_output(path, True, what, inputs=inputs)
 
 
 def _run_lattices(args, comb) -> None:
@@ -142,6 +159,7 @@ def _run_lattices(args, comb) -> None:
     if args.nbest_decode and not (args.out or args.nbest_out):
         raise SeqlmError("--nbest-decode N writes the N best of each lattice to --nbest-out FILE and/or --out FILE: "
                          "give one")
+    _claim_outputs(args)
     outputs = Outputs(args.lattice_out, args.best, args.out, args.nbest_out, args.nbest_decode or 1)
     rescore_lattice_files(args.model_dir, args.lattice, outputs, comb, args.words, args.lowercase, args.map,
                           args.merge_order or 4, args.order, args.beam, args.max_states)

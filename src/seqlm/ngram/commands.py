@@ -12,9 +12,9 @@ from seqlm.errors import SeqlmError
 def cmd_convert(args: argparse.Namespace, rest: list[str]) -> None:
     """Convert an n-gram model: ARPA (KenLM, SRILM) to seqlm's memory-mapped binary, or back to ARPA."""
     from seqlm.ngram.tools import convert
+    from seqlm.outputs import claim_output
 
-    if Path(args.dst).is_file() and not args.force:
-        raise SeqlmError(f"{args.dst} exists; choose another output name or add --force to overwrite it")
+    claim_output(args.dst, args.force, "output", inputs=[args.src])
     print(json.dumps(convert(_ngram_source(args.src, "convert"), args.dst)))
 
 
@@ -48,7 +48,7 @@ def add_ngram_commands(sub) -> None:
     cv = sub.add_parser("convert", help=cmd_convert.__doc__)
     cv.add_argument("src", help="ARPA file (.gz ok), binary model or kn model directory")
     cv.add_argument("dst", help="output: binary model (e.g. model.bin), or ARPA when it ends .arpa[.gz]")
-    cv.add_argument("--force", action="store_true", help="overwrite dst if it exists")
+    cv.add_argument("--force", action="store_true", help="replace dst if it exists")
     cv.set_defaults(func=cmd_convert)
     qy = sub.add_parser("query", help=cmd_query.__doc__)
     qy.add_argument("model", help="kn model directory, binary model or ARPA file")

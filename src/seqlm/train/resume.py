@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from seqlm.checkpoint import load_tensors, save_tensors
+from seqlm.checkpoint import CONFIG, load_tensors, read_json, save_tensors, write_json
 from seqlm.config import TrainConfig
 from seqlm.errors import SeqlmError
 from seqlm.train.optim import reset_hyperparameters
@@ -31,6 +31,7 @@ from seqlm.train.schedule import Schedule, load_schedule
 RESUME = "resume"  # sub-directory with the full training state
 STATE = "state.safetensors"  # the latest state: what --resume continues from
 EPOCH_START = "epoch_start.safetensors"  # --rollback: the state the epoch in progress started from
+UNTRAINED = "untrained"  # config.json key: the weights there are a new run's initial ones
 FIXED = ("optimizer", "schedule", "batch_size", "seq_len")  # the saved state holds only for these values
 
 
@@ -192,6 +193,23 @@ def _apply_changes(old: dict, cfg: TrainConfig, sched: Schedule, log: Callable[[
     changes += [f"{k} {old[k]} -> {new[k]}" for k in new if k not in skip and old[k] != new[k]]
     if changes:
         log("seqlm: --resume with changed settings: " + ", ".join(changes))
+
+
+def mark_untrained(out: Path) -> None:
+    """Say in config.json that the weights in `out` are a new run's initial ones. The first best model
+    saved (seqlm.save writes config.json anew) drops the mark: from then on the run's state says where it is."""
+    write_json(out / CONFIG, read_json(out / CONFIG, "config.json") | {UNTRAINED: True})
+
+
+def check_resumable(out: Path) -> None:
+    """--resume continues from the training state. Without one, only a run stopped before it saved any
+    (its weights still the initial ones, marked so) may start again: a trained model without its state
+    (copied without resume/, or written by seqlm.save) would be trained from scratch over its weights."""
+    if (out / RESUME / STATE).exists() or read_json(out / CONFIG, "config.json").get(UNTRAINED):
+        return
+    raise SeqlmError(f"{out} holds a trained model but not its training state ({RESUME}/{STATE}), so --resume "
+                     f"cannot continue it (nothing there was changed); to train on from its weights, give "
+                     f"--init-from {out} and a new --out")
 
 
 def run_status(out: Path) -> dict:
