@@ -77,6 +77,8 @@ class LanguageModel(Protocol):
 
     def text_spec(self) -> TextSpec: ...
 
+    def context_window(self) -> int | None: ...
+
     def select_state(self, state: State, rows: Tensor) -> State: ...
 
     def cat_states(self, states: list[State]) -> State: ...
@@ -221,6 +223,16 @@ class LMBase:
         data = self.data_config or DataConfig()
         return TextSpec.of(self.vocab, data.unit, data.raw)
 
+    def context_window(self) -> int | None:
+        """How many of the latest inputs (the start symbol counted) a prediction can depend on; None: all of
+        them. The declared window, else n - 1 of a finite-context model; a model whose reach is finite only
+        to float rounding (FOFE with alpha < 1) says so itself. Evaluation re-reads that much before each
+        piece of a long line."""
+        caps = self.capabilities()
+        if caps.window is not None:
+            return caps.window
+        return None if caps.context_order is None else caps.context_order - 1
+
     def select_state(self, state: State, rows: Tensor) -> State:
         """The state of rows `rows` (R,) of a batched `state`, in that order (a row may repeat)."""
         return _select_batch_first(state, rows)
@@ -269,7 +281,8 @@ def stream_refusal(model: LanguageModel) -> str | None:
     learnt to use (a sentence-trained Transformer) or reset mid-sentence (a --sentence-independent RNN)."""
     if model.capabilities().stream:
         return None
-    return (f"seqlm: this {model.family} model was trained sentence by sentence and cannot carry its state across "
+    return (f"seqlm: this {model.family} model was trained sentence by sentence (it restarts at every sentence: "
+            "--sentence-independent, or a Transformer without --cross-sentence) and cannot carry its state across "
             "sentences; scoring sentence by sentence")
 
 

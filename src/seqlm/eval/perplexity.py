@@ -35,7 +35,7 @@ from seqlm.data.batching import (
     stream_batches,
 )
 from seqlm.data.corpus import TokenStream
-from seqlm.protocol import LanguageModel, StreamingModel, context_order, model_device, stream_refusal
+from seqlm.protocol import LanguageModel, StreamingModel, model_device, stream_refusal
 
 LOG10 = math.log(10.0)
 
@@ -89,11 +89,7 @@ def score_tokens(model: LanguageModel, stream: TokenStream, stream_mode: bool = 
 def history_window(model: LanguageModel) -> int | None:
     """How many of the latest inputs a prediction may depend on: the model's `context_window()`, else n - 1
     for a model that declares only its order n (protocol.context_order); None = its whole history."""
-    own = getattr(model, "context_window", None)
-    if own is not None:
-        return own()
-    n = context_order(model)
-    return None if n is None else n - 1
+    return model.context_window()
 
 
 def score_sentences(model: LanguageModel, stream: TokenStream, device: torch.device,

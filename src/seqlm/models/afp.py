@@ -78,11 +78,6 @@ class AFPLM(LMBase, nn.Module):
         return {"history": f"fixed-point, K={self.iterations} iterations (finite context: order "
                            f"{self.iterations + 1})"}
 
-    def context_window(self) -> int | None:
-        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
-        AFP-K reads its last K inputs; the exact recurrence, all."""
-        return self.iterations
-
     def _states(self, x: Tensor, h_first: Tensor, resets: Tensor) -> Tensor:
         """Hidden states (B, T, H) of inputs x (B, T, E) under this model's history rule."""
         if self.iterations is not None:

@@ -115,11 +115,6 @@ class FNNLM(LMBase, nn.Module):
     def capabilities(self) -> Capabilities:
         return Capabilities(context_order=self.order, quantizable=True)
 
-    def context_window(self) -> int | None:
-        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
-        An n-gram model reads n - 1."""
-        return self.order - 1
-
     def _context(self, ids: Tensor) -> Tensor:
         ids = torch.where(ids < 0, torch.full_like(ids, self.vocab.bos_id), ids)  # before the start: <s>
         return self.embedding(ids).flatten(-2)  # (..., (n-1)*E)

@@ -102,11 +102,6 @@ class LSTMLM(LMBase, nn.Module):
         # a model trained to restart at every sentence never learnt to use a carried state
         return Capabilities(stream=not self.sentence_independent, dynamic=True, quantizable=True)
 
-    def context_window(self) -> int | None:
-        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
-        The state holds the whole history."""
-        return None
-
     def initial_state(self, batch_size: int) -> State:
         w = self.lstm.weight_hh_l0
         zeros = w.new_zeros(self.lstm.num_layers, batch_size, self.lstm.hidden_size)  # (L, B, H)

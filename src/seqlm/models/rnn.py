@@ -134,11 +134,6 @@ class RNNLM(LMBase, nn.Module):
     def score_stream(self, batch: Batch, state: Tensor | None) -> tuple[Tensor, Tensor]:
         return self(batch, state)
 
-    def context_window(self) -> int | None:
-        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
-        The state holds the whole history."""
-        return None
-
     def initial_state(self, batch_size: int) -> Tensor:
         return self.rnn.initial_state(batch_size, next(self.parameters()).device)
 

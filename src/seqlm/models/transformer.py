@@ -111,11 +111,6 @@ class TransformerLM(LMBase, nn.Module):
         # its perplexity more than doubles); beyond `context` positions its history slides
         return Capabilities(stream=self.cross_sentence, window=self.context, dynamic=True, quantizable=True)
 
-    def context_window(self) -> int | None:
-        """The most recent inputs (the start symbol counted) a prediction can depend on; None: all of them.
-        W: beyond it `score` and `step` slide the same windows (module docstring)."""
-        return self.context
-
     # -- the network ---------------------------------------------------------------------------------------
     def run(self, x: Tensor, resets: Tensor, pos: Tensor | None = None) -> tuple[Tensor, list]:
         """Input vectors (B, L, D) of rows of segments (L <= context) -> final hidden (B, L, D), per-layer K/V.
