@@ -8,10 +8,16 @@
 does: a finished word scores alpha * ln p(word | history) + beta, plus `unk_score_offset` when the word
 is not among the unigrams (or unknown to the model); a word still being spelled scores
 `unk_score_offset` (longer than AVG_TOKEN_LEN characters: scaled by length) unless some unigram starts
-with it; the last word of a beam also gets ln p(</s>) when `score_boundary`. States are seqlm.kenlm
-States: pyctcdecode caches them per beam prefix, and a neural model steps all newly ended words of the
-beam together when the next frame first needs one (seqlm.kenlm.neural), so W beams cost about one
-batched step of W rows per word.
+with it; the last word of a beam also gets ln p(</s>) when `score_boundary`. Without `score_boundary` the
+first word is scored from no context (kenlm's NullContextWrite) and no </s> is added; a neural model has
+no null context (seqlm.kenlm.neural), so it starts from <s> all the same and only leaves out the </s>.
+
+States are seqlm.kenlm States: pyctcdecode caches them per beam prefix, and a neural model steps all newly
+ended words of the beam together when the next frame first needs one (seqlm.kenlm.neural), so W beams cost
+about one batched step of W rows per word. pyctcdecode releases after 0.5.0 (its main branch) pass states
+around as `AbstractLMState`s and ask each for a picklable copy (`get_mp_safe_state`) when decoding in batch;
+where the installed release has that class the States go out wrapped in SeqlmLMState, found by looking for
+the class, not by version number.
 """
 
 from __future__ import annotations
@@ -38,9 +44,55 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     raise SeqlmError("seqlm.kenlm.ctc needs pyctcdecode: pip install 'seqlm[ctc]' (or pip install pyctcdecode)"
                      ) from None
+try:
+    from pyctcdecode.language_model import AbstractLMState
+except ImportError:  # 0.5.0 and before: the decoder hands the language model's own states back to it
+    AbstractLMState = None
 
 LN10 = math.log(10.0)
 UNBOUNDED_ORDER = 1_000_000  # what `order` says for a model with an unbounded history (prune_history keeps all)
+
+
+if AbstractLMState is not None:
+
+    class SeqlmLMState(AbstractLMState):
+        """A seqlm.kenlm State as pyctcdecode's AbstractLMState (releases that have that class)."""
+
+        def __init__(self, state: State):
+            self._state = state
+
+        @property
+        def state(self) -> State:
+            return self._state
+
+        def get_mp_safe_state(self) -> SeqlmLMState | None:
+            """A copy that survives pickling to another process: an n-gram state is a few ids, valid for the
+            same model file anywhere; a neural one is a node of this process's history tree, so None, as
+            pyctcdecode's own kenlm states give."""
+            return SeqlmLMState(State(self._state.words)) if isinstance(self._state.words, tuple) else None
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, SeqlmLMState) and self._state == other._state
+
+        def __hash__(self) -> int:
+            return hash(self._state)
+
+        def __repr__(self) -> str:
+            return f"SeqlmLMState({self._state!r})"
+
+    def _wrap(state: State) -> SeqlmLMState:
+        return SeqlmLMState(state)
+
+    def _unwrap(state: SeqlmLMState | State) -> State:
+        return state.state if isinstance(state, SeqlmLMState) else state  # a caller's own start state may be bare
+
+else:
+
+    def _wrap(state: State) -> State:
+        return state
+
+    def _unwrap(state: State) -> State:
+        return state
 
 
 class SeqlmLanguageModel(AbstractLanguageModel):
@@ -60,10 +112,14 @@ class SeqlmLanguageModel(AbstractLanguageModel):
     def order(self) -> int:
         return self.model.order or UNBOUNDED_ORDER
 
-    def get_start_state(self) -> State:
+    def get_start_state(self):
+        """A sentence start (score_boundary), else no context, or <s> for a model that has none (neural)."""
         state = State()
-        (self.model.BeginSentenceWrite if self.score_boundary else self.model.NullContextWrite)(state)
-        return state
+        if self.score_boundary or not self.model.has_null_context:
+            self.model.BeginSentenceWrite(state)
+        else:
+            self.model.NullContextWrite(state)
+        return _wrap(state)
 
     def _is_prefix(self, partial: str) -> bool:
         """Whether some unigram starts with `partial`."""
@@ -77,14 +133,16 @@ class SeqlmLanguageModel(AbstractLanguageModel):
             score = score * len(partial_token) / AVG_TOKEN_LEN
         return score
 
-    def score(self, prev_state: State, word: str, is_last_word: bool = False) -> tuple[float, State]:
+    def score(self, prev_state, word: str, is_last_word: bool = False) -> tuple[float, Any]:
+        """(alpha * ln p(word | prev_state) + beta with pyctcdecode's offsets, the state after the word);
+        states are seqlm States, or SeqlmLMStates where pyctcdecode has AbstractLMState."""
         end_state = State()
-        lm_score = self.model.BaseScore(prev_state, word, end_state)
+        lm_score = self.model.BaseScore(_unwrap(prev_state), word, end_state)
         if (self._unigram_set and word not in self._unigram_set) or word not in self.model:
             lm_score += self.unk_score_offset
         if is_last_word and self.score_boundary:  # end_state itself stays extensible
             lm_score += self.model.BaseScore(end_state, "</s>", State())
-        return self.alpha * lm_score * LN10 + self.beta, end_state
+        return self.alpha * lm_score * LN10 + self.beta, _wrap(end_state)
 
     def reset_params(self, **params: Any) -> None:
         """Change alpha, beta, unk_score_offset or score_boundary in place (type-checked, as pyctcdecode)."""

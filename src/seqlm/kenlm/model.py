@@ -57,6 +57,8 @@ class Model:
             from seqlm.kenlm.neural import NeuralScorer
 
             self._scorer = NeuralScorer(lm)
+        # beyond kenlm: whether NullContextWrite works (a neural model has only <s> to start from)
+        self.has_null_context = isinstance(self._scorer, NGramQuery)
         self.vocab, self.order, self.model = self._scorer.vocab, self._scorer.order, self._scorer.model
         self._stoi, self._unk = self.vocab.stoi, self.vocab.unk_id
         # the per-word calls: the scorer's bound methods themselves, shadowing the methods below
