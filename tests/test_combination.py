@@ -281,7 +281,7 @@ def test_rescore_reports_oovs_and_charges_the_oov_penalty(tmp_path, capsys):
                                                                 "the company expects higher <unk>"])]
     assert plain["utt1-2"][3] - plain["utt1-1"][3] == pytest.approx(float(full[1].sum() - full[0].sum()), abs=1e-5)
     code, out, _ = run(capsys, "rescore", tmp_path / "kn", "--tsv", tsv, "--oov-penalty", "5",
-                       "--best", tmp_path / "best.txt")
+                       "--best", tmp_path / "best.txt", "--force")
     charged = read_scores(out, with_oov=True)
     for key in plain:  # total less 5 per unknown word, nothing else changed
         assert charged[key][3] == pytest.approx(plain[key][3] - 5 * plain[key][4], abs=1e-6)

@@ -162,7 +162,8 @@ def _binary(made, path: Path, out: Path) -> int:
 
 
 def _slf(made, path: Path, out: Path) -> int:
-    return holds(["rescore", made["kn"], "--lattice", path, "--out", out, "--best", out.with_suffix(".best")],
+    return holds(["rescore", made["kn"], "--lattice", path, "--out", out, "--best", out.with_suffix(".best"),
+                  "--force"],
                  [out, out.with_suffix(".best")])
 
 
@@ -180,7 +181,7 @@ def _words(made, path: Path, out: Path) -> int:
 
 
 def _tsv(made, path: Path, out: Path) -> int:
-    return holds(["rescore", made["kn"], "--tsv", path, "--out", out, "--best", out.with_suffix(".best")],
+    return holds(["rescore", made["kn"], "--tsv", path, "--out", out, "--best", out.with_suffix(".best"), "--force"],
                  [out, out.with_suffix(".best")])
 
 

@@ -130,13 +130,16 @@ def test_fofe_collisions_replaces_its_own_results_but_not_another_file(tmp_path,
     assert Path("notes.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_rescore_replaces_its_results_but_never_an_input_and_convert_keeps_files(made, tmp_path, capsys):
+def test_rescore_replaces_its_results_only_with_force_never_an_input_and_convert_keeps_files(made, tmp_path, capsys):
     tsv = tmp_path / "nbest.tsv"
     tsv.write_text("key\tacoustic\tlm\ttext\nu1-1\t-1.0\t-2.0\tthe cat\nu1-2\t-1.5\t-2.5\ta dog\n")
     table, best = tmp_path / "scores.tsv", tmp_path / "best.txt"
     rescore = ["rescore", made["kn"], "--tsv", tsv, "--out", table, "--best", best]
-    for scale in ("1", "2"):  # a sweep over the scales writes the same result files again
-        assert run(capsys, *rescore, "--lm-scale", scale)[0] == 0
+    assert run(capsys, *rescore, "--lm-scale", "1")[0] == 0
+    first = state(best)
+    refused(capsys, *rescore, "--lm-scale", "2", match="--force")  # one rule for every writing command
+    assert state(best) == first
+    assert run(capsys, *rescore, "--lm-scale", "2", "--force")[0] == 0  # a sweep over the scales says so
     assert best.read_text().startswith("u1 ") and table.read_text().startswith("key\t")
     mine = state(tsv)
     refused(capsys, "rescore", made["kn"], "--tsv", tsv, "--best", tsv, match="also an input")

@@ -31,6 +31,7 @@ NBEST_ONLY = {"nbest": "--nbest", "tsv": "--tsv", "acoustic": "--acoustic", "lm_
 def add_options(p) -> None:
     """Every `seqlm rescore` option (argparse parser `p`)."""
     p.add_argument("model_dir", help="model directory (or an .arpa file)")
+    p.add_argument("--force", action="store_true", help="replace existing --out/--best/--nbest-out/--lattice-out files")
     p.add_argument("--nbest", metavar="FILE", help="an n-best list to rescore: uttid-N word word ... per line")
     p.add_argument("--acoustic", metavar="FILE", help="with --nbest: lines 'uttid-N score'")
     p.add_argument("--lm-scores", metavar="FILE", help="with --nbest: the old LM scores, lines 'uttid-N score'")
@@ -126,8 +127,8 @@ def run(args) -> None:
 
 
 def _claim_outputs(args) -> None:
-    """No file this run writes is one it reads. Earlier results are replaced without --force: they are this
-    command's standard output kept in files, and a sweep over the scales writes the same names again."""
+    """No file this run writes is one it reads, and an existing file is replaced only with --force (the rule of
+    every writing command: seqlm.outputs)."""
     from seqlm.outputs import claim_output
 
     inputs = [args.model_dir, args.nbest, args.acoustic, args.lm_scores, args.tsv, args.words, args.map,
@@ -138,7 +139,7 @@ def _claim_outputs(args) -> None:
             raise SeqlmError(f"--lattice-out {args.lattice_out} is a file; give a directory for the lattices")
         outputs += [("--lattice-out", Path(args.lattice_out) / Path(f).name) for f in args.lattice]
     for what, path in outputs:
-        claim_output(path, True, what, inputs=inputs)
+        claim_output(path, args.force, what, inputs=inputs)
 
 
 def _run_lattices(args, comb) -> None:
