@@ -433,3 +433,18 @@ def test_a_character_model_reads_every_text_as_characters(tmp_path, capsys):
     assert "--raw" in capsys.readouterr().err
     assert main(["interpolate", str(char), str(word), "--out", str(tmp_path / "mix")]) == 2
     assert "read text alike" in capsys.readouterr().err
+
+
+def test_seqlm_kenlm_models_carry_the_contract_and_refuse_character_models(zoo, tmp_path, capsys):
+    from seqlm import kenlm
+    from seqlm.errors import SeqlmError
+
+    for name in ("kn", "lstm", "mix"):
+        lm = kenlm.Model(str(zoo.dir(name)))
+        model = zoo.model(name)
+        assert lm.text_spec() == model.text_spec() and lm.capabilities() == model.capabilities()
+    corpus = write_corpus(tmp_path / "corpus", n_train=20, n_eval=3)
+    assert main(["train", "--model", "cache", "--unit", "char", "--data", str(corpus),
+                 "--out", str(tmp_path / "c")]) == 0
+    with pytest.raises(SeqlmError, match="char units"):
+        kenlm.Model(str(tmp_path / "c"))

@@ -38,7 +38,7 @@ def sample(model: LanguageModel, num: int, seed: int = 0, temperature: float = 1
 def sample_ids(model: LanguageModel, num: int, gen: torch.Generator, temperature: float = 1.0, max_len: int = 100,
                start: tuple[Tensor, State] | None = None) -> list[list[int]]:
     """Token ids of `num` samples; `start` = (log-probs (num, V), state) after some prefix, else a sentence start."""
-    if hasattr(model, "eval"):
+    if isinstance(model, torch.nn.Module):
         model.eval()
     vocab = model.vocab
     device = model_device(model)
@@ -79,7 +79,7 @@ def beam_search(model: LanguageModel, beam: int, max_len: int = 100,
     or after `max_len` tokens (hypotheses still open are returned unfinished, after the finished ones).
     """
     _check(beam, max_len)
-    if hasattr(model, "eval"):
+    if isinstance(model, torch.nn.Module):
         model.eval()
     vocab, device = model.vocab, model_device(model)
     logp, state = start or model.step(torch.tensor([vocab.bos_id], device=device), model.initial_state(1))
@@ -130,7 +130,7 @@ def run_generate(args: Any) -> list[str]:
         why = "--beam searches for the most probable sentences, nothing is sampled"
         _unused("--temperature", args.temperature, 1.0, why)
         _unused("--seed", args.seed, 0, why)
-    unit = getattr(getattr(model, "data_config", None), "unit", "word")
+    unit = model.text_spec().unit
     if args.beam:
         hyps = beam_search(model, args.beam, args.max_len)[: args.num]
         return [detokenize(model.vocab.decode(h.ids), unit) for h in hyps]
@@ -175,7 +175,7 @@ def run_dae_generate(model: Any, args: Any) -> list[str]:
     if args.latent:
         _unused("--seed", args.seed, 0, "--latent gives the code and a beam search decodes it, nothing is sampled")
     model.eval()
-    unit = getattr(getattr(model, "data_config", None), "unit", "word")
+    unit = model.text_spec().unit
     beam = args.beam or 4
     if args.latent:
         hyps = decode_code(model, _parse_code(args.latent, model.bits), beam, args.max_len)[: args.num]

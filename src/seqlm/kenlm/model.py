@@ -18,6 +18,7 @@ import numpy as np
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.query import FullScoreReturn, NGramQuery, State  # noqa: F401 (kenlm's names, re-exported)
+from seqlm.protocol import Capabilities, TextSpec
 
 KENLM_BINARY_MAGIC = b"mmap lm "  # how KenLM's build_binary files begin (its binary_format.cc)
 
@@ -51,6 +52,11 @@ class Model:
         self.path = os.path.abspath(os.fsencode(path))  # bytes, as kenlm's
         self.config = config if config is not None else Config()
         lm = _load(path)
+        spec = lm.text_spec()
+        if spec.unit != "word" or spec.raw:  # kenlm's calls take whitespace-separated words as they are
+            raise SeqlmError(f"{os.fsdecode(path)}: this model reads {spec.describe()}; kenlm's API scores "
+                             "whitespace-separated words: use seqlm.score_text for it")
+        self._lm = lm
         if isinstance(lm, NGramModel):
             self._scorer = NGramQuery(lm)
         else:
@@ -108,6 +114,14 @@ class Model:
         return self._scorer.BaseFullScore(in_state, word, out_state)
 
     # ---- beyond kenlm ---------------------------------------------------------------------------
+
+    def text_spec(self) -> TextSpec:
+        """The loaded model's text conventions (seqlm.protocol.TextSpec): word units, tokenised text."""
+        return self._lm.text_spec()
+
+    def capabilities(self) -> Capabilities:
+        """What the loaded model can do (seqlm.protocol.Capabilities)."""
+        return self._lm.capabilities()
 
     def next_distribution(self, states: list[State]) -> np.ndarray:
         """(N, V) float64 log10 p(w | state) of every word w of `self.vocab` after each of N states, in

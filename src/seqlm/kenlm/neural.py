@@ -60,7 +60,7 @@ class NeuralScorer:
     """kenlm's calls for a protocol model; see the module docstring."""
 
     def __init__(self, model: LanguageModel):
-        if hasattr(model, "eval"):
+        if isinstance(model, torch.nn.Module):
             model.eval()
         self.model, self.vocab = model, model.vocab
         self.order = context_order(model) or 0

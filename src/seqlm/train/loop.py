@@ -177,7 +177,7 @@ def valid_mode(model: nn.Module, step: StepFn, cfg: TrainConfig) -> str:
     (seqlm.eval.perplexity.can_stream: not one that restarts at every sentence)."""
     streams = can_stream(model)
     if cfg.valid_mode == "stream" and not streams:
-        raise SeqlmError(f"--valid-mode stream: a {getattr(model, 'family', '')} model like this one cannot carry "
+        raise SeqlmError(f"--valid-mode stream: a {model.family} model like this one cannot carry "
                          "its state across sentences; use --valid-mode sentence (or auto)")
     if cfg.valid_mode == "auto":
         return "stream" if step is tbptt_step and streams else "sentence"
