@@ -214,13 +214,9 @@ def cmd_quantize(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps(quantize_dir(args.model_dir, args.out, args.force)))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from seqlm import __version__
+def _add_train(sub) -> None:
+    """`seqlm train`: a family, its text, where the model goes; the family's own options pass through."""
     from seqlm.registry import DEFAULT_FAMILY
-
-    p = _Parser(prog="seqlm", description="Train, evaluate and use language models.")
-    p.add_argument("--version", action="version", version=f"seqlm {__version__}", help="print the version and exit")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help=cmd_train.__doc__,
                        description="Model and training options (--hidden, --lr, --max-epochs, ...) follow as "
@@ -248,18 +244,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prune", nargs="+", metavar="T", help="kn: lmplz count pruning thresholds per order")
     t.set_defaults(func=cmd_train, allow_rest=True)
 
-    def text_args(q: argparse.ArgumentParser) -> None:
-        q.add_argument("model_dir", help="model directory (or an .arpa file)")
-        q.add_argument("--text", help="text file, one sentence per line (.gz ok; - = standard input, which is "
-                       "also read when it is a pipe or a file and neither --text nor --data is given)")
-        q.add_argument("--data", help="or a dataset name / corpus directory ...")
-        q.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
-        q.add_argument("--raw", action="store_true", default=None, help="untokenised text (see docs); text is "
-                       "read the way the model was trained, so this only confirms a model trained with --raw")
-        q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
 
+def _text_args(q: argparse.ArgumentParser) -> None:
+    q.add_argument("model_dir", help="model directory (or an .arpa file)")
+    q.add_argument("--text", help="text file, one sentence per line (.gz ok; - = standard input, which is "
+                   "also read when it is a pipe or a file and neither --text nor --data is given)")
+    q.add_argument("--data", help="or a dataset name / corpus directory ...")
+    q.add_argument("--split", default="test", choices=["train", "valid", "test"], help="... and its split")
+    q.add_argument("--raw", action="store_true", default=None, help="untokenised text (see docs); text is "
+                   "read the way the model was trained, so this only confirms a model trained with --raw")
+    q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
+
+
+def _add_eval_score(sub) -> None:
+    """`seqlm eval` and `seqlm score`: a model and the text it scores."""
     e = sub.add_parser("eval", help=cmd_eval.__doc__)
-    text_args(e)
+    _text_args(e)
     e.add_argument("--stream", action="store_true",
                    help="carry state across sentences (recurrent models; not --sentence-independent ones)")
     e.add_argument("--iterations", metavar="K|exact", help="Elman models: evaluate with K fixed-point iterations, "
@@ -271,10 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("score", help=cmd_score.__doc__)
-    text_args(s)
+    _text_args(s)
     s.add_argument("--per-token", action="store_true", help="log10 of every token")
     s.set_defaults(func=cmd_score)
 
+
+def _add_generate_info(sub) -> None:
+    """`seqlm generate` and `seqlm info`."""
     g = sub.add_parser("generate", help=cmd_generate.__doc__)
     g.add_argument("model_dir", help="model directory (or an .arpa file)")
     g.add_argument("--num", type=int, default=5, help="number of sentences to sample")
@@ -294,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--pretty", action="store_true", help="indented JSON instead of one line")
     i.set_defaults(func=cmd_info)
 
+
+def _add_tools(sub) -> None:
+    """Commands around the models: word vectors, sparse codes, learning curves, FOFE collisions."""
     em = sub.add_parser("embed", help=cmd_embed.__doc__)
     from seqlm.codes.embed import add_embed_options
     add_embed_options(em)
@@ -321,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "fofe-collisions run did not write")
     fc.set_defaults(func=cmd_fofe_collisions)
 
+
+def _add_interpolate(sub) -> None:
+    """`seqlm interpolate`: a mixture of saved models."""
     ip = sub.add_parser("interpolate", help=cmd_interpolate.__doc__,
                         description="P(w|h) = sum_i lambda_i P_i(w|h). Weights: --weights as given, else EM on "
                                     "the held-out text (--text or --data/--split), else equal. See "
@@ -340,7 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("--stream", action="store_true",
                     help="score the held-out text with recurrent components carrying state across sentences")
     ip.set_defaults(func=cmd_interpolate)
+    ip.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
 
+
+def _add_rescore(sub) -> None:
+    """`seqlm rescore`: n-best lists and lattices (options in seqlm.eval.rescore_cli)."""
     rs = sub.add_parser("rescore", help=cmd_rescore.__doc__,
                         description="Scores are natural-log likelihoods (higher is better), or with --costs "
                                     "negative ones (lower is better, as Kaldi stores them), in and out. "
@@ -350,10 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     from seqlm.eval.rescore_cli import add_options
     add_options(rs)  # n-best and lattice options, one meaning each
     rs.set_defaults(func=cmd_rescore)
+    rs.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
 
-    for q in (ip, rs):  # eval and score have it from text_args
-        q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
 
+def _add_model_tools(sub) -> None:
+    """`seqlm dsae`, the n-gram commands (convert, query) and `seqlm quantize`."""
     ds = sub.add_parser("dsae", help=cmd_dsae.__doc__)
     ds.add_argument("baseline", help="model directory of the baseline LM (p)")
     ds.add_argument("dae", help="model directory of the dae model that peeks at c(s) (p')")
@@ -368,6 +382,16 @@ def build_parser() -> argparse.ArgumentParser:
     qz.add_argument("--out", required=True, help="the new model directory to write")
     qz.add_argument("--force", action="store_true", help="replace a model already in --out")
     qz.set_defaults(func=cmd_quantize)
+
+def build_parser() -> argparse.ArgumentParser:
+    from seqlm import __version__
+
+    p = _Parser(prog="seqlm", description="Train, evaluate and use language models.")
+    p.add_argument("--version", action="version", version=f"seqlm {__version__}", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (_add_train, _add_eval_score, _add_generate_info, _add_tools, _add_interpolate, _add_rescore,
+                _add_model_tools):
+        add(sub)
     return p
 
 
