@@ -50,6 +50,7 @@ from seqlm.ngram.filearray import (
 )
 from seqlm.ngram.index import build_slots_file
 from seqlm.ngram.model import NGramModel
+from seqlm.protocol import Capabilities, LMBase
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,14 @@ class Budget:
         return max(1024, self.memory // 96)
 
 
-class DiskNGramModel:
+class DiskNGramModel(LMBase):
     """An estimated model whose tables are files: it writes itself (ARPA, binary), it is not queried.
 
-    The folder is deleted when the object is. `load()` gives the in-memory NGramModel."""
+    The folder is deleted when the object is. `load()` gives the in-memory NGramModel. It states the
+    contract of the model it holds (saved in config.json), the NGramModel's."""
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(context_order=self.order)
 
     def __init__(self, vocab: Vocab, keys: list[Table], log10_prob: list[Table], log10_backoff: list[Table],
                  folder: Path, memory: int):
