@@ -50,7 +50,8 @@ def test_eval_prints_the_protocol_json(trained, capsys):
     corpus, out = trained
     code, stdout, _ = run(capsys, "eval", out, "--text", corpus / "test.txt")
     r = json.loads(stdout)
-    assert code == 0 and set(r) == {"ppl", "tokens", "sentences", "oov", "ppl_excl_oov", "log10prob", "mode", "unit"}
+    assert code == 0 and set(r) == {"ppl", "tokens", "sentences", "oov", "ppl_excl_oov", "log10prob", "mode", "unit",
+                                  "ppl_per_word"}
     lines = (corpus / "test.txt").read_text().split("\n")
     assert r["sentences"] == len([x for x in lines if x.strip()]) and r["mode"] == "sentence"
     assert r["ppl"] == pytest.approx(10 ** (-r["log10prob"] / r["tokens"]))

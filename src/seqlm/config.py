@@ -98,12 +98,20 @@ class DataConfig:
     min_count: int = 1  # words seen fewer times in the training text become <unk>
     raw: bool = False  # untokenised text: see seqlm.data.corpus.tokenize_raw
     unit: str = "word"  # word | char: characters, with `_` between words (character-level PTB)
+    # a fixed vocabulary: a file with one word (unit) a line, any count after a tab ignored (a model's vocab.txt
+    # works); words outside it are <unk> (kn: counted, then pruned: lmplz --limit_vocab_file); "" = built from the text
+    vocab: str = ""
+    unk: str = "map"  # map: a word outside the vocabulary is <unk> | none: a closed vocabulary (kn), it is an error
 
     def __post_init__(self) -> None:
         _choice("unit", self.unit, ("word", "char"))
+        _choice("unk", self.unk, ("map", "none"))
         if self.max_vocab is not None and self.max_vocab < 2:
             raise SeqlmError(f"--max-vocab must be at least 2 (</s> and <unk> are always in), got {self.max_vocab}")
         _positive(self, "min_count")
+        if self.vocab and (self.max_vocab is not None or self.min_count != 1):
+            raise SeqlmError("--vocab gives the vocabulary; --max-vocab and --min-count choose one from the training "
+                             "text: give one or the other")
 
 
 # Old key -> new key, for config.json files, flags and YAML written before a rename (one name per concept

@@ -136,6 +136,22 @@ def id_blocks(path: str | Path, raw: bool, unit: str, table: dict[str, int], gro
         yield ids, ends
 
 
+def closed_id_blocks(path: str | Path, raw: bool, unit: str, vocab: Vocab) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """id_blocks for a closed vocabulary (--unk none): the first word outside it is an error naming the word and
+    its line. Looked up by Python, line by line, to know the line (standard input cannot be read again)."""
+    lineno = 0  # lines before this block
+    for _, text in _text_blocks(path):
+        sentences = []
+        for n, line in enumerate(text.split("\n"), lineno + 1):
+            for toks in tokenize_raw(line) if raw else [line.split()]:
+                if toks:
+                    sentences.append([vocab.known(u, f"{path}:{n}: ") for u in as_units(toks, unit)])
+        lineno += text.count("\n")
+        ends = np.cumsum(np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences)) + 1)  # (S,)
+        ids = itertools.chain.from_iterable(s + [vocab.eos_id] for s in sentences)
+        yield np.fromiter(ids, dtype=np.int32, count=int(ends[-1]) if len(ends) else 0), ends
+
+
 def _decoded(path: Path, data: bytes, lineno: int) -> str:
     """A block as text; its first NUL byte or invalid UTF-8 as an error naming the line."""
     def line_of(at: int) -> tuple[int, int]:  # (line number, offset within that line) of byte `at`
@@ -194,6 +210,8 @@ def _cache_key(path: Path, vocab: Vocab, raw: bool, unit: str = "word") -> str:
     mode = f"{raw}" if unit == "word" else f"{raw}|{unit}"  # word-level keys as before: old caches stay valid
     h = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{mode}|v2".encode())
     h.update("\n".join(vocab.itos).encode())
+    if vocab.closed:  # its ids were checked for unknown words; an open vocabulary's were not
+        h.update(b"|closed")
     return h.hexdigest()[:20]
 
 
@@ -273,7 +291,9 @@ def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bo
         return TokenStream(np.load(ids_path, mmap_mode="r"), np.load(starts_path, mmap_mode="r"))
     work, cached = _workdir(ids_path.parent)
     try:
-        n_tok = _write_ids(id_blocks(path, raw, unit, vocab.stoi, False, vocab.unk_id, vocab.eos_id), work)
+        blocks = (closed_id_blocks(path, raw, unit, vocab) if vocab.closed else
+                  id_blocks(path, raw, unit, vocab.stoi, False, vocab.unk_id, vocab.eos_id))
+        n_tok = _write_ids(blocks, work)
         if n_tok == 0:
             raise _empty(path)
         return _finish(work, n_tok, (ids_path, starts_path) if use_cache and cached else None)
@@ -282,7 +302,8 @@ def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bo
 
 
 def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = None, min_count: int = 1,
-                unit: str = "word", use_cache: bool = True) -> Vocab:
+                unit: str = "word", use_cache: bool = True, fixed: list[str] | None = None,
+                outside: bool = False) -> Vocab:
     """The training vocabulary, built in one streaming pass that also leaves the encoded text in the cache.
 
     Words get provisional ids in order of first appearance while the text streams to disk; their counts
@@ -290,7 +311,8 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
     array pass maps the provisional ids to the final ones, into the cache entry `encode_file(path,
     vocab)` then opens without reading the text again. Memory is bounded by the vocabulary and the
     longest line, not the corpus. Same result as `Vocab.build(count_words(path), ...)`. `use_cache=False`
-    (a temporary file, e.g. spooled standard input) leaves nothing in the cache.
+    (a temporary file, e.g. spooled standard input) leaves nothing in the cache. `fixed` (a word list, --vocab)
+    gives `Vocab.fixed(count_words(path), fixed, outside)` instead.
     """
     path = Path(path)
     if not path.is_file():
@@ -298,8 +320,11 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
     st = path.stat()
     mode = f"{raw}" if unit == "word" else f"{raw}|{unit}"
     key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{mode}|{max_vocab}|{min_count}|v1".encode())
+    if fixed is not None:
+        key.update(f"|fixed|{outside}|".encode() + "\n".join(fixed).encode())
     cached_vocab = cache_dir() / "ids" / f"{key.hexdigest()[:20]}.vocab.txt"
-    if use_cache and cached_vocab.is_file():  # e.g. built by `train --nproc` before it started the workers
+    keep_vocab = use_cache and not outside  # vocab.txt cannot hold a `limit`: such a vocabulary is rebuilt
+    if keep_vocab and cached_vocab.is_file():  # e.g. built by `train --nproc` before it started the workers
         with contextlib.suppress(SeqlmError):
             return Vocab.load(cached_vocab)
     prov: dict[str, int] = {EOS: 0}  # provisional ids; a literal </s> in the text is the sentence end
@@ -315,14 +340,16 @@ def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = Non
             while len(chunk := np.fromfile(f, dtype=np.int32, count=_ARRAY_CHUNK)):
                 counts += np.bincount(chunk, minlength=len(prov))
         # Insertion order is first appearance, as in count_words, so ties in Vocab.build break alike.
-        vocab = Vocab.build(Counter(dict(zip(prov, counts.tolist(), strict=True))), max_vocab, min_count)
+        counter = Counter(dict(zip(prov, counts.tolist(), strict=True)))
+        vocab = Vocab.build(counter, max_vocab, min_count) if fixed is None else Vocab.fixed(counter, fixed, outside)
         if cached:
             lut = np.fromiter((vocab.id(w) for w in prov), dtype=np.int32, count=len(prov))
             ids_path, starts_path = _cache_paths(path, vocab, raw, unit)
             _write_npy_from_raw(work / "ids.raw", ids_path, np.int32, n_tok, lut)
             n_sent = (work / "starts.raw").stat().st_size // 8 - 1
             _write_npy_from_raw(work / "starts.raw", starts_path, np.int64, n_sent + 1)
-            vocab.save(cached_vocab)
+            if keep_vocab:
+                vocab.save(cached_vocab)
         return vocab
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -361,8 +388,9 @@ def encode_sentences(sentences: list[list[str]], vocab: Vocab, unit: str = "word
     """Encode in-memory sentences (API use, n-best lists) without touching the cache."""
     ids: list[int] = []
     starts = [0]
-    for sent in sentences:
-        ids.extend(vocab.encode(as_units(sent, unit)))
+    for i, sent in enumerate(sentences, 1):
+        units = as_units(sent, unit)
+        ids.extend([vocab.known(u, f"sentence {i}: ") for u in units] if vocab.closed else vocab.encode(units))
         ids.append(vocab.eos_id)
         starts.append(len(ids))
     return TokenStream(np.asarray(ids, dtype=np.int32), np.asarray(starts, dtype=np.int64))

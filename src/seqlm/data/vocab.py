@@ -5,6 +5,12 @@ model needs: `</s>` (id 0, sentence end; also the start-of-sentence context, as 
 and `<unk>` (id 1, every word outside the vocabulary; PTB's own `<unk>` is the same token).
 Frequency order is what class-factorised outputs and the sparse-code families want.
 Saved as `vocab.txt`: one `token<TAB>count` per line, in id order.
+
+A fixed vocabulary (`--vocab FILE`, `Vocab.fixed`) keeps the same order: `</s>`, `<unk>`, the file's words
+seen in training by count (ties by first occurrence), then its words never seen, in the file's order. A
+closed vocabulary (`--unk none`) has no `<unk>` for unknown words: the text readers (seqlm.data.corpus
+`encode_file`, `encode_sentences`) refuse them through `known`; `encode` maps them to `<unk>` whatever the
+rule, as KenLM's query API does (seqlm.ngram.query).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ BOS = "<s>"  # only n-gram models (ARPA files) have a separate start symbol
 class Vocab:
     """An ordered list of tokens with their training counts."""
 
-    def __init__(self, tokens: list[str], counts: list[int] | None = None):
+    def __init__(self, tokens: list[str], counts: list[int] | None = None, limit: int | None = None):
         if not tokens:
             raise SeqlmError("empty vocabulary: the training text has no tokens")
         self.itos = list(tokens)
@@ -39,6 +45,10 @@ class Vocab:
         self.eos_id = self.stoi[EOS]
         # Context symbol at a sentence start: <s> where the model has one (ARPA), else </s>.
         self.bos_id = self.stoi.get(BOS, self.eos_id)
+        # Ids from `limit` on are training words outside a fixed vocabulary that an estimator counts before it
+        # prunes them (kn, as lmplz --limit_vocab_file: `Vocab.fixed(..., outside=True)`); None: no such words.
+        self.limit = limit
+        self.closed = False  # --unk none sets it: to the text readers, a word outside the vocabulary is an error
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -52,6 +62,14 @@ class Vocab:
     def encode(self, words: Iterable[str]) -> list[int]:
         get, unk = self.stoi.get, self.unk_id
         return [get(w, unk) for w in words]
+
+    def known(self, word: str, where: str = "") -> int:
+        """The id of a word of a closed vocabulary; an unknown word is an error naming it (and `where`)."""
+        i = self.stoi.get(word)
+        if i is None:
+            raise SeqlmError(f"{where}{word!r} is not in the vocabulary, which is closed (--unk none); a model "
+                             "trained with --unk map scores such a word as <unk>")
+        return i
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         return [self.itos[i] for i in ids]
@@ -80,6 +98,27 @@ class Vocab:
         counts = [eos_count, unk_count + dropped_count] + [c for _, c in words]
         return cls(tokens, counts)
 
+    @classmethod
+    def fixed(cls, counter: Counter, words: Iterable[str], outside: bool = False) -> Vocab:
+        """The vocabulary of a word list (`--vocab`) in the module's order, with the training `counter` (in order
+        of first occurrence, as count_words gives it). Training words outside the list count as <unk>; with
+        `outside` (lmplz --limit_vocab_file) they follow the list's words instead, from `limit` on, for the
+        estimator to count and then prune, and the list's words never seen are left out, as lmplz leaves them."""
+        counter = Counter(counter)
+        eos_count, unk_count = counter.pop(EOS, 0), counter.pop(UNK, 0)
+        listed = dict.fromkeys(w for w in words if w not in (EOS, UNK, BOS))  # in file order, once each
+        ranked = [(w, c) for w, c in counter.most_common() if c > 0]  # stable: ties by first occurrence
+        seen = [(w, c) for w, c in ranked if w in listed]
+        rest = [(w, c) for w, c in ranked if w not in listed]
+        if outside and rest:
+            head = [(EOS, eos_count), (UNK, unk_count)] + seen
+            tokens, counts = zip(*(head + rest), strict=True)
+            return cls(list(tokens), list(counts), limit=len(head))
+        unseen = [] if outside else [(w, 0) for w in listed if counter.get(w, 0) == 0]
+        tokens, counts = zip(*[(EOS, eos_count), (UNK, unk_count + sum(c for _, c in rest)), *seen, *unseen],
+                             strict=True)
+        return cls(list(tokens), list(counts))
+
     def save(self, path: str | Path) -> None:
         from seqlm.checkpoint import atomic_write_text
 
@@ -103,3 +142,23 @@ class Vocab:
             tokens.append(tok)
             counts.append(int(count))
         return cls(tokens, counts)
+
+
+def read_word_list(path: str | Path) -> list[str]:
+    """The words of a `--vocab` file: one a line, optionally followed by a tab and a count (a model's vocab.txt,
+    a unigram count file); blank lines are skipped. Anything else is an error naming the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SeqlmError(f"--vocab {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SeqlmError(f"--vocab {path}: cannot read it as UTF-8 text ({e})") from None
+    words = []
+    for n, line in enumerate(text.split("\n"), 1):
+        word, tab, count = line.strip().partition("\t")
+        if len(word.split()) > 1 or (tab and not count.strip().isdigit()):
+            raise SeqlmError(f"--vocab {path}:{n}: expected one word a line (optionally a tab and its count), got "
+                             f"{line.strip()[:60]!r}; a list on one line splits with `tr -s ' ' '\\n'`")
+        words += word.split()
+    return words

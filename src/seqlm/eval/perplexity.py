@@ -136,7 +136,8 @@ def oov_mask(stream: TokenStream, vocab) -> np.ndarray:
 
 
 def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = False, max_tokens: int = 4096) -> dict:
-    """The JSON `seqlm eval` prints: ppl, tokens, sentences, oov, ppl_excl_oov, log10prob, mode."""
+    """The JSON `seqlm eval` prints: ppl, tokens, sentences, oov, ppl_excl_oov, log10prob, mode, unit,
+    ppl_per_word."""
     note = stream_refusal(model) if stream_mode else None
     if note:
         print(note, file=sys.stderr)
@@ -160,8 +161,10 @@ def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = Fals
     window = model.capabilities().window
     if window is not None and int(stream.lengths().max(initial=0)) + 1 > window:  # some history slid
         result["window"] = window
-    if model.text_spec().unit == "char":
-        result.update(char_rates(stream, model.vocab, total))
+    rates = char_rates(stream, model.vocab, total) if model.text_spec().unit == "char" else {}
+    result.update(rates)
+    # One figure that compares models of any unit: the same log-probability over the text's words and </s>.
+    result["ppl_per_word"] = rates.get("word_ppl", result["ppl"])
     return result
 
 

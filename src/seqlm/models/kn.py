@@ -12,17 +12,29 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from seqlm import checkpoint as ckpt
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import BOS, Vocab
 from seqlm.errors import SeqlmError
 from seqlm.ngram.binary import is_binary, read_binary, write_binary
-from seqlm.ngram.kneser_ney import estimate_model
+from seqlm.ngram.counts import NGramCounts, count_ngrams
+from seqlm.ngram.kneser_ney import (
+    adjust_counts,
+    compute_discounts,
+    drop_pruned,
+    estimate_model,
+    initial_probabilities,
+    interpolate,
+    prune_marks,
+)
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.prune import prune_entropy
 
 ARPA = "model.arpa"
 BINARY = "model.bin"
-MAX_ORDER = 9
+MAX_ORDER = 64
 
 
 @dataclass
@@ -85,7 +97,8 @@ class KNConfig:
 
 
 def estimate_kn(cfg: KNConfig, train: TokenStream, vocab: Vocab) -> NGramModel:
-    """Estimate from the encoded training text; `vocab` is the training vocabulary (OOVs already <unk>).
+    """Estimate from the encoded training text; `vocab` is the training vocabulary (OOVs already <unk>), or
+    one whose words from `vocab.limit` on lie outside a --vocab file (`estimate_limited`).
 
     A resumed model directory hands back the model's own vocabulary, which ends with <s>: estimation
     is deterministic, so resuming re-estimates from the same text with the training vocabulary.
@@ -93,10 +106,55 @@ def estimate_kn(cfg: KNConfig, train: TokenStream, vocab: Vocab) -> NGramModel:
     if vocab.itos[-1] == BOS and vocab.counts[-1] == 0:  # the model vocabulary: <s> appended, never seen
         print("kn: estimation has no epochs to resume; re-estimating from the training text", file=sys.stderr)
         vocab = Vocab(vocab.itos[:-1], vocab.counts[:-1])
-    model = estimate_model(train, vocab, cfg.order, cfg.fallback, cfg.thresholds, cfg.memory_bytes)
+    if vocab.limit is not None:
+        model = estimate_limited(train, vocab, cfg)
+    else:
+        model = estimate_model(train, vocab, cfg.order, cfg.fallback, cfg.thresholds, cfg.memory_bytes)
     if cfg.prune_entropy > 0:
         model = prune_entropy(model, cfg.prune_entropy)
     return model
+
+
+def estimate_limited(train: TokenStream, vocab: Vocab, cfg: KNConfig) -> NGramModel:
+    """lmplz --limit_vocab_file: every word is counted (its continuation counts and discounts stay), then each
+    n-gram holding a word from `vocab.limit` on is pruned as --prune prunes (its mass goes to its context's
+    back-off), unigrams too, and the unigram level's uniform share is spread over the words kept."""
+    if cfg.memory_bytes is not None:
+        raise SeqlmError("--memory: bounded-memory estimation cannot prune by a --vocab file yet; drop --memory "
+                         "(or give --unk none, which keeps only the file's words from the start)")
+    if BOS in vocab.stoi:
+        raise SeqlmError(f"the training text contains {BOS}, which n-gram models reserve; remove it")
+    keep = vocab.limit
+    # <s> goes between the kept words and the others, so that dropping the others leaves every kept id as it is.
+    ids = np.asarray(train.ids, dtype=np.int64)
+    shifted = TokenStream(ids + (ids >= keep), train.starts)
+    V = len(vocab) + 1
+    counts = count_ngrams(shifted, keep, V, cfg.order)
+    adjusted = adjust_counts(counts)
+    discounts = compute_discounts(adjusted, cfg.fallback)
+    marks = _outside_marks(counts, keep, prune_marks(counts, list(cfg.thresholds)))
+    initial = initial_probabilities(counts, adjusted, discounts, marks)
+    initial.gamma[0] *= (V - 1) / keep  # the uniform share: 1 / keep (the words kept, <s> aside), not 1 / (V - 1)
+    log_p, backoffs = interpolate(counts, initial)
+    keys, log_p, backoffs = drop_pruned(counts.keys, log_p, backoffs, marks)
+    tokens, kept_counts = vocab.itos[:keep] + [BOS], vocab.counts[:keep] + [0]
+    kept_counts[vocab.unk_id] += sum(vocab.counts[keep:])  # as a vocabulary's dropped words count as <unk>
+    return NGramModel(Vocab(tokens, kept_counts), *_renumbered(keys, log_p, backoffs, V, keep + 1))
+
+
+def _outside_marks(counts: NGramCounts, bos: int, pruned: list[np.ndarray] | None) -> list[np.ndarray]:
+    """(M_k,) bool per order: the n-gram holds a word past <s> (outside the --vocab file) or --prune marks it."""
+    outside = [np.arange(counts.vocab_size) > bos]  # (V,) order 1
+    for k in range(2, counts.order + 1):
+        outside.append(outside[-1][counts.prefix(k)] | outside[0][counts.last_word(k)])  # (M_k,)
+    return outside if pruned is None else [a | b for a, b in zip(outside, pruned, strict=True)]
+
+
+def _renumbered(keys: list[np.ndarray], log_p: list[np.ndarray], backoffs: list[np.ndarray], V: int, kept: int):
+    """The tables without the unigrams past id `kept` - 1 and with keys over `kept` words instead of V (no n-gram
+    left holds such a word, and the order of keys is kept)."""
+    keys = [keys[0][:kept]] + [k // V * kept + k % V for k in keys[1:]]
+    return keys, [log_p[0][:kept], *log_p[1:]], ([backoffs[0][:kept], *backoffs[1:]] if backoffs else [])
 
 
 def save_kn(model: NGramModel, out_dir: Path) -> None:
@@ -106,15 +164,22 @@ def save_kn(model: NGramModel, out_dir: Path) -> None:
 
 
 def load_kn(model_dir: Path) -> NGramModel:
-    """Map model_dir/model.bin when present and not older than the ARPA file; else read model.arpa[.gz]."""
+    """Map model_dir/model.bin when present and not older than the ARPA file; else read model.arpa[.gz]. A model
+    trained with --unk none gets its closed vocabulary back (the rule is in config.json, not in the tables)."""
     model_dir = Path(model_dir)
     arpas = [model_dir / name for name in (ARPA, ARPA + ".gz") if (model_dir / name).is_file()]
     binary = model_dir / BINARY
     if binary.is_file() and all(binary.stat().st_mtime >= a.stat().st_mtime for a in arpas):
-        return read_binary(binary)
-    if arpas:
-        return NGramModel.from_arpa(arpas[0])
-    raise SeqlmError(f"{model_dir / ARPA}: ARPA file missing; restore it or retrain (seqlm train --model kn)")
+        model = read_binary(binary)
+    elif arpas:
+        model = NGramModel.from_arpa(arpas[0])
+    else:
+        raise SeqlmError(f"{model_dir / ARPA}: ARPA file missing; restore it or retrain (seqlm train --model kn)")
+    if (model_dir / ckpt.CONFIG).is_file():
+        meta = ckpt.read_json(model_dir / ckpt.CONFIG, "config.json")
+        data = meta.get("data") if isinstance(meta, dict) else None
+        model.vocab.closed = isinstance(data, dict) and data.get("unk") == "none"
+    return model
 
 
 def load_ngram_file(path: Path) -> NGramModel:

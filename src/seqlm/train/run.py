@@ -31,9 +31,10 @@ from seqlm.config import (
 )
 from seqlm.data.corpus import build_vocab, encode_file, spool, stdin_is_input
 from seqlm.data.datasets import corpus_splits
-from seqlm.data.vocab import Vocab
+from seqlm.data.vocab import Vocab, read_word_list
 from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 from seqlm.eval.perplexity import evaluate
+from seqlm.models.kn import KNConfig
 from seqlm.outputs import claim_output, clear_model
 from seqlm.registry import DEFAULT_FAMILY, CountFamily, NeuralFamily, Splits, family, new_model
 from seqlm.train.loop import fit
@@ -222,11 +223,7 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     if spawn:
         _check_parallel(name, nproc, cfg)
     cache = texts["train"].parent != scratch  # spooled standard input leaves nothing in the cache
-    if resume:
-        vocab = Vocab.load(out_dir / ckpt.VOCAB)
-    else:  # one streaming pass: counts and ids together (the ids land in the cache encode_file reads)
-        vocab = build_vocab(texts["train"], data_cfg.raw, data_cfg.max_vocab, data_cfg.min_count, data_cfg.unit,
-                            use_cache=cache)
+    vocab = _vocabulary(texts["train"], data_cfg, cfg, out_dir if resume else None, cache)
     # Every split is read (and cached) now: a bad test file fails before training, not after it, and
     # `--nproc` workers find the vocabulary and the ids cached instead of each reading the corpus again.
     train, valid, _ = (encode_file(path, vocab, data_cfg.raw, unit=data_cfg.unit, use_cache=cache)
@@ -277,6 +274,35 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     if not main_rank:
         return {}
     return _final_report(name, out_dir, texts, data_cfg, seconds)
+
+
+def _vocabulary(train: Path, data: DataConfig, cfg, resumed: Path | None, cache: bool) -> Vocab:
+    """The training vocabulary: a resumed model's own, else built from the text in one streaming pass (counts
+    and ids together; the ids land in the cache encode_file reads) or fixed by --vocab. kn counts the words a
+    --vocab file lacks and prunes them (lmplz --limit_vocab_file), so it re-reads the text on --resume too.
+    --unk none closes the vocabulary (kn only: kn's loader alone reads the rule back from config.json)."""
+    kn = isinstance(cfg, KNConfig)
+    if data.unk == "none" and not kn:
+        raise SeqlmError("--unk none (a closed vocabulary) is for kn models; other families score a word "
+                         "outside their vocabulary as <unk> (--unk map)")
+    outside = kn and data.unk == "map" and bool(data.vocab)  # under --unk none kn takes the file's words as given
+    if resumed is not None and not outside:
+        vocab = Vocab.load(resumed / ckpt.VOCAB)
+    else:
+        fixed = _fixed_words(data) if data.vocab else None
+        vocab = build_vocab(train, data.raw, data.max_vocab, data.min_count, data.unit, cache, fixed, outside)
+    vocab.closed = data.unk == "none"
+    return vocab
+
+
+def _fixed_words(data: DataConfig) -> list[str]:
+    """The --vocab file's words; under --unit char each must be one character."""
+    words = read_word_list(data.vocab)
+    long = [w for w in words if data.unit == "char" and len(w) != 1]
+    if long:
+        raise SeqlmError(f"--vocab {data.vocab}: a character model's vocabulary lists characters (one a line), "
+                         f"got {long[0]!r}")
+    return words
 
 
 def _fit_family(fam, model, splits: Splits, out_dir: Path, save, resume: bool, session_minutes: float):
