@@ -180,13 +180,19 @@ def cmd_fofe_collisions(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def cmd_interpolate(args: argparse.Namespace, rest: list[str]) -> None:
-    """Combine saved models by linear interpolation into a mixture model directory (weights by EM on held-out
-    text: --text FILE, or --data CORPUS --split valid)."""
+    """Combine saved models by linear interpolation into a mixture model directory, or merge n-gram models into
+    one back-off ARPA model (--arpa-out); weights by EM on held-out text: --text FILE, or --data CORPUS --split
+    valid."""
     from seqlm.data.datasets import text_path
-    from seqlm.eval.interpolate import interpolate
+    from seqlm.eval.interpolate import interpolate, interpolate_arpa
     from seqlm.outputs import claim_output, clear_model
 
     held_out = text_path(args.text, args.data, args.split) if args.text or args.data else None
+    if args.arpa_out:
+        claim_output(args.arpa_out, args.force, "--arpa-out", inputs=args.model_dirs)
+        print(json.dumps(interpolate_arpa(args.model_dirs, args.arpa_out, held_out, args.weights, args.em,
+                                          args.stream, args.raw)))
+        return
     if claim_output(args.out, args.force, "--out", directory=True, inputs=args.model_dirs):
         clear_model(args.out)
     print(json.dumps(interpolate(args.model_dirs, args.out, held_out, args.weights, args.em, args.stream,
@@ -335,8 +341,11 @@ def _add_interpolate(sub) -> None:
                                     "the held-out text (--text or --data/--split), else equal. See "
                                     "docs/combination.md.")
     ip.add_argument("model_dirs", nargs="+", help="model directories or .arpa files (the first sets the vocabulary)")
-    ip.add_argument("--out", required=True, help="mixture model directory to write")
-    ip.add_argument("--force", action="store_true", help="replace a model already in --out")
+    io = ip.add_mutually_exclusive_group(required=True)
+    io.add_argument("--out", help="mixture model directory to write (any models; one vocabulary)")
+    io.add_argument("--arpa-out", metavar="FILE", help="or merge n-gram models into one back-off ARPA file "
+                    "(.gz: compressed), over the union of their vocabularies (SRILM's -mix-lm -write-lm)")
+    ip.add_argument("--force", action="store_true", help="replace a model already in --out or --arpa-out")
     ip.add_argument("--text", "--valid", dest="text", metavar="FILE",
                     help="held-out text for EM and the perplexities printed (--valid: its old name, still accepted)")
     ip.add_argument("--data", help="or a dataset name / corpus directory ...")

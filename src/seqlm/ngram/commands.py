@@ -19,10 +19,12 @@ def cmd_convert(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def cmd_query(args: argparse.Namespace, rest: list[str]) -> None:
-    """Score stdin, one sentence per line, printing KenLM `query`-style lines and perplexities."""
+    """Score stdin, one sentence per line, printing KenLM `query`-style lines and perplexities (or SRILM's
+    `ngram -ppl -debug 2` output: --format srilm)."""
     from seqlm.ngram.tools import query_main
 
-    query_main(_ngram_source(args.model, "query"), args.verbose)
+    model = args.model if args.format == "srilm" else _ngram_source(args.model, "query")  # srilm: any family
+    query_main(model, args.verbose, args.format, args.null_context)
 
 
 def _ngram_source(path: str, command: str) -> str:
@@ -51,7 +53,12 @@ def add_ngram_commands(sub) -> None:
     cv.add_argument("--force", action="store_true", help="replace dst if it exists")
     cv.set_defaults(func=cmd_convert)
     qy = sub.add_parser("query", help=cmd_query.__doc__)
-    qy.add_argument("model", help="kn model directory, binary model or ARPA file")
+    qy.add_argument("model", help="kn model directory, binary model or ARPA file (--format srilm: any model)")
     qy.add_argument("-v", "--verbose", default="word", choices=["word", "sentence", "summary"],
-                    help="per-token lines (word), totals per sentence, or the perplexity summary only")
+                    help="per-token lines (word), totals per sentence, or the perplexity summary only (SRILM's "
+                    "-debug 2, 1, 0)")
+    qy.add_argument("--format", default="kenlm", choices=["kenlm", "srilm"],
+                    help="KenLM query's lines, or SRILM `ngram -ppl - -debug N`'s (docs/ngram.md)")
+    qy.add_argument("-n", dest="null_context", action="store_true",
+                    help="no <s> before a line and no </s> after it (KenLM query -n; KenLM format only)")
     qy.set_defaults(func=cmd_query)
