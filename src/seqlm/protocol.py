@@ -18,6 +18,11 @@ picks rows of many `step` calls and concatenates them; both do so only through `
 lists / dicts of tensors, each with the batch on dimension 0, and rows concatenate along it. A family whose
 state is laid out otherwise (an LSTM's (layers, B, H), a Transformer's key/value caches of different
 lengths, a mixture's per-component states) overrides both methods.
+
+A decoder (beam search, lattice expansion, CTC prefix search) holds `Prefixes`: B token sequences, each as
+the state after reading its last token. It alternates `advance` (the (B, V) distribution of every
+continuation, in one call) and `extend` (the states of the (row, token) pairs it keeps, R of them, never
+B x V), starting from `begin(model, B)`.
 """
 
 from __future__ import annotations
@@ -53,6 +58,17 @@ class Batch:
         return Batch(*(t.to(device, non_blocking=True) for t in (self.inputs, self.targets, self.mask, self.resets)))
 
 
+@dataclass(frozen=True)
+class Prefixes:
+    """B prefixes a decoder extends: `state` is the model's `step` state after each prefix's last token
+    (`initial_state`'s when nothing has been read), `cache` what `advance` needs beyond it, kept by `extend`:
+    by default the (B, V) distribution `step` returned with the state; None where `advance` computes it from
+    the state (n-gram, cache) or nothing has been read. Only the model that made them looks inside."""
+
+    state: State
+    cache: Any = None
+
+
 @runtime_checkable
 class LanguageModel(Protocol):
     """What eval/score/rescore/interpolate/decode/generate rely on: the whole contract. `LMBase` gives the
@@ -84,6 +100,18 @@ class LanguageModel(Protocol):
     def cat_states(self, states: list[State]) -> State: ...
 
     def step_targets(self, tokens: Tensor, state: State, rows: Tensor, targets: Tensor) -> tuple[Tensor, State]: ...
+
+    def advance(self, prefixes: Prefixes) -> Tensor:
+        """(B, V) natural-log distribution of the token after each prefix, one tensor on the model's device
+        (an n-gram model's or a cache's: where its state is): row b is what `step` returned when it read
+        prefix b's last token."""
+        ...
+
+    def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
+        """R prefixes: prefix rows[i] followed by tokens[i] (rows, tokens (R,); a row may repeat). Their
+        state is `step(tokens, select_state(prefixes.state, rows))[1]`; a model that computes the
+        distribution from the state leaves it to `advance`, so a kept prefix never read from costs nothing."""
+        ...
 
     def score_text(self, stream: TokenStream, stream_mode: bool, max_tokens: int, scorer: Any) -> Any: ...
 
@@ -118,6 +146,13 @@ def select_state(model: LanguageModel, state: State, rows: Tensor) -> State:
 def cat_states(model: LanguageModel, states: list[State]) -> State:
     """One batched state holding the rows of `states` (a non-empty list), in order."""
     return model.cat_states(states)
+
+
+def begin(model: LanguageModel, batch_size: int) -> Prefixes:
+    """`batch_size` prefixes holding the start symbol alone: where a decoder begins."""
+    rows = torch.zeros(batch_size, dtype=torch.long)
+    start = torch.full((batch_size,), model.vocab.bos_id, dtype=torch.long, device=model_device(model))
+    return model.extend(Prefixes(model.initial_state(1)), rows, start)
 
 
 def _select_batch_first(state: State, rows: Tensor) -> State:
@@ -246,6 +281,17 @@ class LMBase:
         only. A model that can skip the full (B, V) distribution overrides this."""
         logp, new = self.step(tokens, state)  # (B, V)
         return logp[rows.to(logp.device), targets.to(logp.device)], new  # (N,)
+
+    def advance(self, prefixes: Prefixes) -> Tensor:
+        """The distribution `extend` kept: `step` computes it with the state anyway."""
+        if prefixes.cache is None:
+            raise SeqlmError("advance: these prefixes have read no token yet; start from protocol.begin(model, B)")
+        return prefixes.cache
+
+    def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
+        """One batched `step` of the R rows chosen."""
+        logp, state = self.step(tokens, self.select_state(prefixes.state, rows))  # (R, V)
+        return Prefixes(state, logp)
 
     def score_text(self, stream: TokenStream, stream_mode: bool, max_tokens: int, scorer: Any) -> Any:
         """(N,) ln p of every token of a text, for a model that scores text its own way (a mixture: each

@@ -9,17 +9,20 @@ is loaded, so a decoder calling it once per word pays no extra Python frame for 
 from __future__ import annotations
 
 import errno
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.query import FullScoreReturn, NGramQuery, State  # noqa: F401 (kenlm's names, re-exported)
 from seqlm.protocol import Capabilities, TextSpec
 
+LN10 = math.log(10.0)
 KENLM_BINARY_MAGIC = b"mmap lm "  # how KenLM's build_binary files begin (its binary_format.cc)
 
 
@@ -69,6 +72,7 @@ class Model:
         self._stoi, self._unk = self.vocab.stoi, self.vocab.unk_id
         # the per-word calls: the scorer's bound methods themselves, shadowing the methods below
         self.BaseScore, self.BaseFullScore = self._scorer.BaseScore, self._scorer.BaseFullScore
+        self._distribution = self._ngram_distribution if isinstance(lm, NGramModel) else self._scorer.next_distribution
 
     def __repr__(self) -> str:
         return f"<Model from {os.path.basename(self.path)!r}>"
@@ -125,8 +129,18 @@ class Model:
 
     def next_distribution(self, states: list[State]) -> np.ndarray:
         """(N, V) float64 log10 p(w | state) of every word w of `self.vocab` after each of N states, in
-        one batched call (vectorised for n-grams); column w equals BaseScore(state, vocab.itos[w])."""
-        return self._scorer.next_distribution(list(states))
+        one batched call: the model's `advance` (seqlm.protocol) on their histories; column w equals
+        BaseScore(state, vocab.itos[w]), but <s>'s: -inf."""
+        return self._distribution(list(states))
+
+    def _ngram_distribution(self, states: list[State]) -> np.ndarray:
+        """An n-gram State holds the ids of its context at each order, which advance's tables take as they
+        are; in float64, as kenlm's floats come out of the other calls."""
+        ctx = torch.full((len(states), max(self.order - 1, 0)), -1, dtype=torch.long)  # (N, N-1)
+        for b, s in enumerate(states):
+            ctx[b, : len(s.words)] = torch.tensor(s.words, dtype=torch.long)
+        logp = self.model.tensors(torch.device("cpu"), torch.float64).distribution(ctx)  # (N, V) natural logs
+        return logp.numpy() / LN10
 
 
 class LanguageModel(Model):

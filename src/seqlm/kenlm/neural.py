@@ -29,7 +29,7 @@ import torch
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import model_device
 from seqlm.ngram.query import FullScoreReturn, State
-from seqlm.protocol import LanguageModel, cat_states, context_order, select_state
+from seqlm.protocol import LanguageModel, Prefixes, cat_states, context_order, select_state
 
 LN10 = math.log(10.0)
 MAX_ROWS = 256  # the most pending nodes stepped in one call
@@ -115,10 +115,11 @@ class NeuralScorer:
                 self._step(group[lo : lo + MAX_ROWS])
 
     def _step(self, nodes: list[Node]) -> None:
-        state = cat_states(self.model, [n.parent.state for n in nodes])
+        parents = Prefixes(cat_states(self.model, [n.parent.state for n in nodes]))
         tokens = torch.tensor([n.token for n in nodes], dtype=torch.long, device=self._device)  # (B,)
-        logp, state = self.model.step(tokens, state)  # (B, V) natural logs
-        logp10 = (logp.double() / LN10).cpu().numpy()  # (B, V)
+        read = self.model.extend(parents, torch.arange(len(nodes)), tokens)
+        logp10 = (self.model.advance(read).double() / LN10).cpu().numpy()  # (B, V)
+        state = read.state
         for i, n in enumerate(nodes):
             row = torch.tensor([i], device=self._device)
             n.state, n.logp, n.parent = select_state(self.model, state, row), logp10[i], None

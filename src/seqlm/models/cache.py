@@ -27,7 +27,7 @@ from seqlm import checkpoint as ckpt
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.protocol import Batch, Capabilities, LMBase
+from seqlm.protocol import Batch, Capabilities, LMBase, Prefixes
 
 CHUNK = 1 << 22  # history entries compared at a time when scoring: (rows x positions x window) per piece
 
@@ -108,16 +108,27 @@ class CacheModel(LMBase):
                 torch.ones(batch_size, dtype=torch.bool))
 
     def step(self, tokens: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        window, fresh = state
-        tokens = self._counted(tokens.masked_fill(fresh.to(tokens.device), -1))  # (B,) the start symbol: not counted
-        window = torch.cat([window.to(tokens.device)[:, 1:], tokens.unsqueeze(1)], dim=1)  # (B, N)
+        read = self.extend(Prefixes(state), torch.arange(len(tokens), device=tokens.device), tokens)
+        return self.advance(read), read.state
+
+    def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
+        """The windows shifted by one token; the counts wait for `advance`."""
+        window, fresh = prefixes.state
+        dev = tokens.device
+        window, fresh = window.to(dev)[rows.to(dev)], fresh.to(dev)[rows.to(dev)]  # (R, N), (R,)
+        tokens = self._counted(tokens.masked_fill(fresh, -1))  # (R,) the start symbol: not counted
+        return Prefixes((torch.cat([window[:, 1:], tokens.unsqueeze(1)], dim=1), torch.zeros_like(fresh)))
+
+    def advance(self, prefixes: Prefixes) -> Tensor:
+        """(B, V) float64 ln P(w | window) of every word, on the window's device."""
+        window = prefixes.state[0]  # (B, N)
         B, V = window.shape[0], len(self.vocab)
-        w = self.weights.to(tokens.device) * (window >= 0)  # (B, N)
-        counts = torch.zeros(B, V, dtype=torch.float64, device=tokens.device).scatter_add_(1, window.clamp(min=0), w)
+        w = self.weights.to(window.device) * (window >= 0)  # (B, N)
+        counts = torch.zeros(B, V, dtype=torch.float64, device=window.device).scatter_add_(1, window.clamp(min=0), w)
         logp = torch.log(counts + self.floor) - torch.log(w.sum(-1, keepdim=True) + self.config.alpha)  # (B, V)
         if self.excluded is not None:
             logp[:, self.excluded] = -torch.inf
-        return logp, (window, torch.zeros_like(fresh))
+        return logp
 
 
 def estimate_cache(cfg: CacheConfig, train: TokenStream, vocab: Vocab) -> CacheModel:

@@ -36,6 +36,7 @@ from seqlm.protocol import (
     Capabilities,
     LanguageModel,
     LMBase,
+    Prefixes,
     TextSpec,
     cat_states,
     check_same_text,
@@ -206,19 +207,34 @@ class MixtureModel(LMBase):
     @torch.no_grad()
     def step(self, tokens: Tensor, state: tuple[list[Any], Tensor]) -> tuple[Tensor, tuple[list[Any], Tensor]]:
         """Read tokens (B,); return the mixed (B, V) float64 log-distribution and the new state."""
-        states, fresh = state
+        read = self.extend(Prefixes(state), torch.arange(len(tokens), device=tokens.device), tokens)
+        return self.advance(read).to(tokens.device), read.state
+
+    @torch.no_grad()
+    def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
+        """Each component extends its own prefixes, in its ids (its own <s> on rows that have read nothing),
+        keeping what its `advance` needs: an n-gram or cache component computes no distribution here."""
+        states, fresh = prefixes.state
         dev = tokens.device
-        dists, new_states = [], []
+        fresh = fresh.to(dev)[rows.to(dev)]  # (R,)
+        parts = []
         for i, comp in enumerate(self.components):
-            table = self.tables[i].to(dev)
-            ctok = torch.where(fresh.to(dev), comp.vocab.bos_id, table[tokens])  # (B,) its own <s> first
-            logp, s = comp.step(ctok.to(model_device(comp)), states[i])  # (B, V_i)
-            dists.append(logp.to(dev, torch.float64)[:, table])  # (B, V) through the id table
-            new_states.append(s)
+            ctok = torch.where(fresh, comp.vocab.bos_id, self.tables[i].to(dev)[tokens])  # (R,) its own <s> first
+            parts.append(comp.extend(Prefixes(states[i]), rows, ctok.to(model_device(comp))))
+        return Prefixes(([p.state for p in parts], torch.zeros_like(fresh)), [p.cache for p in parts])
+
+    @torch.no_grad()
+    def advance(self, prefixes: Prefixes) -> Tensor:
+        """(B, V) float64 ln sum_i lambda_i p_i of the next token, from each component's `advance`."""
+        states, fresh = prefixes.state
+        caches = prefixes.cache or [None] * len(self.components)
+        dev = fresh.device
+        dists = [comp.advance(Prefixes(s, c)).to(dev, torch.float64)[:, self.tables[i].to(dev)]  # (B, V) its ids
+                 for i, (comp, s, c) in enumerate(zip(self.components, states, caches, strict=True))]
         mixed = torch.logsumexp(torch.stack(dists) + self._log_weights(dev).view(-1, 1, 1), dim=0)  # (B, V)
         if self.vocab.bos_id != self.vocab.eos_id:
             mixed[:, self.vocab.bos_id] = -torch.inf  # <s> is context only, never predicted
-        return mixed, (new_states, torch.zeros_like(fresh))
+        return mixed
 
     def component_logp(self, stream: TokenStream, stream_mode: bool, max_tokens: int,
                        scorer: Scorer) -> np.ndarray:

@@ -24,10 +24,11 @@ from torch import Tensor
 
 from seqlm.data.vocab import BOS, EOS, UNK, Vocab
 from seqlm.errors import SeqlmError
+from seqlm.ngram.advance import NGramTensors, shift_windows
 from seqlm.ngram.arpa import ArpaData, read_arpa
 from seqlm.ngram.arpa_write import write_arpa
 from seqlm.ngram.index import FIB_INT, lookup, table_bits
-from seqlm.protocol import Batch, Capabilities, LMBase
+from seqlm.protocol import Batch, Capabilities, LMBase, Prefixes
 
 LN10 = math.log(10.0)
 MASK64 = (1 << 64) - 1  # the hash probe multiplies modulo 2^64 (index.py)
@@ -56,6 +57,7 @@ class NGramModel(LMBase):
         self.log10_backoff = [np.asarray(b, dtype=np.float32) for b in log10_backoff]  # (M_k,) k < N
         # hash slot tables per order (index.py), as the binary format stores them; None: binary search
         self.index = list(index) if index is not None else [None] * self.order
+        self._tensors: dict[tuple, NGramTensors] = {}  # the tables on each (device, dtype) asked for
 
     def __repr__(self) -> str:
         return f"NGramModel(order={self.order}, sizes={self.sizes})"
@@ -202,12 +204,24 @@ class NGramModel(LMBase):
 
     def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """Read tokens (B,); return float32 natural logs of the next word (B, V) (<s>: -inf), new state."""
-        if self.order > 1:
-            state = torch.cat([state[:, 1:], tokens.view(-1, 1).cpu().long()], dim=1)  # (B, N-1)
-        hist = state.numpy()  # (B, N-1)
-        logp = self.log10_distribution(hist) * LN10
-        logp[:, self.vocab.bos_id] = -np.inf
-        return torch.from_numpy(logp.astype(np.float32)).to(tokens.device), state
+        read = self.extend(Prefixes(state), torch.arange(len(tokens)), tokens.cpu())
+        return self.advance(read).to(tokens.device), read.state
+
+    def advance(self, prefixes: Prefixes) -> Tensor:
+        """(B, V) float32 ln p of the next word (<s>: -inf) after each window of the last N-1 words, on the
+        window's device (ngram/advance.py); nothing read yet: no context, as KenLM's NullContextWrite."""
+        window = prefixes.state  # (B, N-1)
+        return self.tensors(window.device).advance(window)
+
+    def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
+        """The windows shifted by one word; no distribution is computed until `advance` asks for one."""
+        return Prefixes(shift_windows(prefixes.state, rows, tokens))
+
+    def tensors(self, device: torch.device, dtype: torch.dtype = torch.float32) -> NGramTensors:
+        """The tables as tensors on `device`, natural logs in `dtype` (made on first use, then kept)."""
+        if (device, dtype) not in self._tensors:
+            self._tensors[device, dtype] = NGramTensors(self, device, dtype)
+        return self._tensors[device, dtype]
 
     def log10_distribution(self, hist: np.ndarray) -> np.ndarray:
         """(B, V) float64 log10 p(w | hist) for every word w; hist (B, N-1), oldest first, -1 = none."""
