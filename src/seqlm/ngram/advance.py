@@ -78,11 +78,11 @@ class NGramTensors:
             total = int(n.sum())
             if total == 0:
                 continue
-            entry = torch.arange(total, device=ctx.device)  # (E,) ids at order k + 1, every row's run in turn
-            entry += torch.repeat_interleave(lo - n.cumsum(0) + n, n, output_size=total)
-            at = torch.repeat_interleave(rows, n, output_size=total) + self.words[k].index_select(0, entry)
-            value = self.logp[k].index_select(0, entry) + torch.repeat_interleave(tail[:, k], n, output_size=total)
-            flat.index_copy_(0, at, value)  # (E,) into (B * V,)
+            row = torch.repeat_interleave(n, output_size=total)  # (E,) the row of each continuation
+            start = lo - n.cumsum(0) + n  # (B,) its id at order k + 1 less its place among the E
+            entry = torch.arange(total, device=ctx.device).add_(start.index_select(0, row))  # (E,)
+            at = rows.index_select(0, row).add_(self.words[k].index_select(0, entry))  # (E,) into (B * V,)
+            flat.index_copy_(0, at, self.logp[k].index_select(0, entry).add_(tail[:, k].index_select(0, row)))
         logp[:, self.bos] = -torch.inf  # <s> is context only
         return logp
 
