@@ -413,3 +413,21 @@ def test_score_reads_bos_at_resets_and_masks_padding() -> None:
     logp = model.score(padded)
     np.testing.assert_allclose(logp[0, :-1].numpy() / LOG10, ref, atol=1e-9)
     assert logp[0, -1] == 0.0
+
+
+def test_discounts_follow_lmplz_when_no_ngram_has_adjusted_count_four():
+    """lmplz needs n1, n2 and n3 only: with n4 = 0, D3+ = 3 - 4 Y n4 / n3 = 3 (checked against the prebuilt
+    lmplz --discount_fallback on a corpus with such an order: its bigrams kept these discounts while seqlm
+    used to fall back); a zero n3 still falls back, with a warning."""
+    import warnings
+
+    from seqlm.ngram.discounts import FALLBACK_DISCOUNTS, discount_of
+
+    n1, n2, n3 = 42.0, 8.0, 2.0
+    y = n1 / (n1 + 2 * n2)  # Chen and Goodman, eq. (26), by hand
+    d = discount_of(2, [42, 8, 2, 0])
+    assert (d.d1, d.d2, d.d3) == pytest.approx((1 - 2 * y * n2 / n1, 2 - 3 * y * n3 / n2, 3.0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fallback = discount_of(3, [51, 1, 0, 0])
+    assert (fallback.d1, fallback.d2, fallback.d3) == FALLBACK_DISCOUNTS and caught

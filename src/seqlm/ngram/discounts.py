@@ -43,15 +43,16 @@ def count_of_counts(adjusted: np.ndarray) -> np.ndarray:
 def discount_of(k: int, n: np.ndarray, fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS) -> Discount:
     """D1, D2, D3+ of order k from its count-of-counts n_1..n_4.
 
-    Where the statistics are too sparse (some n_j is 0 or a discount falls outside (0, j]) lmplz stops
-    and asks for --discount_fallback; we warn once for that order and use `fallback` instead.
+    Where the statistics are too sparse (n_1, n_2 or n_3 is 0, or a discount falls outside [0, j]) lmplz
+    stops and asks for --discount_fallback; we warn once for that order and use `fallback` instead. n_4 = 0
+    is no such case: D3+ is then 3, as lmplz computes it (lm/builder/adjust_counts.cc).
     """
     n = np.asarray(n, dtype=np.float64)
     d = None
-    if np.all(n > 0):
+    if np.all(n[:3] > 0):
         y = n[0] / (n[0] + 2 * n[1])
         d = [j - (j + 1) * y * n[j] / n[j - 1] for j in (1, 2, 3)]
-        if not all(0 < dj <= j for j, dj in zip((1, 2, 3), d, strict=True)):
+        if not all(0 <= dj <= j for j, dj in zip((1, 2, 3), d, strict=True)):
             d = None
     if d is None:
         counts = " ".join(f"n{j}={int(x)}" for j, x in enumerate(n, 1))
