@@ -210,12 +210,12 @@ class TextSpec:
     raw: bool = False  # untokenised text, split by seqlm.data.corpus.tokenize_raw
     vocab_size: int = 0
     vocab_hash: str = ""  # sha256 of the vocabulary's tokens in id order (first 16 hex digits)
-    unk: str = "map"  # map: a word outside the vocabulary is scored as <unk>
+    unk: str = "map"  # map: a word outside the vocabulary is scored as <unk>; none: it is an error (kn)
     blank_lines: str = "skip"  # skip: a blank line is no sentence (see the class docstring)
 
     @staticmethod
-    def of(vocab: Vocab, unit: str = "word", raw: bool = False) -> TextSpec:
-        return TextSpec(unit, raw, len(vocab), vocab_hash(vocab))
+    def of(vocab: Vocab, unit: str = "word", raw: bool = False, unk: str = "map") -> TextSpec:
+        return TextSpec(unit, raw, len(vocab), vocab_hash(vocab), unk)
 
     def same_reading(self, other: TextSpec) -> bool:
         """Whether both read a line of text into the same tokens (vocabularies aside)."""
@@ -256,7 +256,7 @@ class LMBase:
 
     def text_spec(self) -> TextSpec:
         data = self.data_config or DataConfig()
-        return TextSpec.of(self.vocab, data.unit, data.raw)
+        return TextSpec.of(self.vocab, data.unit, data.raw, data.unk)
 
     def context_window(self) -> int | None:
         """How many of the latest inputs (the start symbol counted) a prediction can depend on; None: all of
