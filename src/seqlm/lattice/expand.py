@@ -29,9 +29,8 @@ import torch
 
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.eval.perplexity import model_device
 from seqlm.lattice.graph import Arc, Lattice, is_null
-from seqlm.protocol import LanguageModel, cat_states, context_order, select_state
+from seqlm.protocol import LanguageModel, cat_states, context_order, model_device, select_state
 
 NOT_PREDICTED = frozenset({"<s>", "</s>", "!SIL", "<sil>"})  # sentence marks and silence: no LM score
 STEP_ROWS = 1024  # expanded states per `step` call: bounds the (rows, V) log-probability block

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from seqlm import checkpoint as ckpt
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import BOS, Vocab
 from seqlm.errors import SeqlmError
-from seqlm.ngram.binary import is_binary, read_binary, write_binary
+from seqlm.ngram.binary import write_binary
 from seqlm.ngram.counts import NGramCounts, count_ngrams
+from seqlm.ngram.files import ARPA, BINARY, load_kn, load_ngram_file  # noqa: F401 (the family's loaders)
 from seqlm.ngram.kneser_ney import (
     adjust_counts,
     compute_discounts,
@@ -32,8 +32,6 @@ from seqlm.ngram.kneser_ney import (
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.prune import prune_entropy
 
-ARPA = "model.arpa"
-BINARY = "model.bin"
 MAX_ORDER = 64
 
 
@@ -161,27 +159,3 @@ def save_kn(model: NGramModel, out_dir: Path) -> None:
     """Write out_dir/model.arpa and the binary out_dir/model.bin beside it (each atomically)."""
     model.to_arpa(Path(out_dir) / ARPA)
     write_binary(model, Path(out_dir) / BINARY)
-
-
-def load_kn(model_dir: Path) -> NGramModel:
-    """Map model_dir/model.bin when present and not older than the ARPA file; else read model.arpa[.gz]. A model
-    trained with --unk none gets its closed vocabulary back (the rule is in config.json, not in the tables)."""
-    model_dir = Path(model_dir)
-    arpas = [model_dir / name for name in (ARPA, ARPA + ".gz") if (model_dir / name).is_file()]
-    binary = model_dir / BINARY
-    if binary.is_file() and all(binary.stat().st_mtime >= a.stat().st_mtime for a in arpas):
-        model = read_binary(binary)
-    elif arpas:
-        model = NGramModel.from_arpa(arpas[0])
-    else:
-        raise SeqlmError(f"{model_dir / ARPA}: ARPA file missing; restore it or retrain (seqlm train --model kn)")
-    if (model_dir / ckpt.CONFIG).is_file():
-        meta = ckpt.read_json(model_dir / ckpt.CONFIG, "config.json")
-        data = meta.get("data") if isinstance(meta, dict) else None
-        model.vocab.closed = isinstance(data, dict) and data.get("unk") == "none"
-    return model
-
-
-def load_ngram_file(path: Path) -> NGramModel:
-    """A stand-alone model file: seqlm's binary (recognised by its magic) or ARPA (KenLM, SRILM, seqlm)."""
-    return read_binary(path) if is_binary(path) else NGramModel.from_arpa(path)

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from seqlm.data.corpus import TokenStream
-from seqlm.errors import SeqlmError
 from seqlm.ngram.arpa import ArpaData
+from seqlm.ngram.files import load_tables
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.native import extension
 from seqlm.ngram.scalar import scalar_scorer
@@ -147,18 +147,6 @@ def _row_ids(model: NGramModel, rows: np.ndarray) -> np.ndarray:
     return ids
 
 
-def load_tables(path: str | Path) -> NGramModel:
-    """A model directory (binary model.bin when present, else its ARPA), a binary file or an ARPA file."""
-    from seqlm.models.kn import load_kn, load_ngram_file
-
-    path = Path(path)
-    if path.is_dir():
-        return load_kn(path)
-    if not path.is_file():
-        raise SeqlmError(f"{path}: no such model file or directory")
-    return load_ngram_file(path)
-
-
 class NGramQuery:
     """The queries over an NGramModel's tables: KenLM's `kenlm.Model` interface (score, full_scores,
     perplexity, BeginSentenceWrite, BaseScore, BaseFullScore), a batched `score_corpus` and the whole
@@ -179,6 +167,9 @@ class NGramQuery:
 
     def __repr__(self) -> str:
         return f"NGramQuery(order={self.order}, sizes={self.model.sizes})"
+
+    def __reduce__(self):
+        return type(self), (self.model,)  # the compiled scorer is rebuilt; a mapped model maps its file again
 
     def __contains__(self, word: str) -> bool:
         return word in self._stoi
