@@ -180,9 +180,17 @@ def test_every_option_of_every_subcommand_has_a_one_line_help():
 
 
 def test_version_and_train_help_without_mix():
+    import re
     from importlib.metadata import version
 
+    import torch
+
+    import seqlm
+
     proc = subprocess.run([sys.executable, "-m", "seqlm", "--version"], capture_output=True, text=True)
-    assert proc.returncode == 0 and proc.stdout.strip() == f"seqlm {version('seqlm')}"
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and lines[0] == f"seqlm {version('seqlm')}" == f"seqlm {seqlm.__version__}"
+    assert lines[1].startswith(f"torch {torch.__version__}, python ")
+    assert re.fullmatch(r"compiled loops: ngram (compiled|not built yet .*|python fallback .*), tokenizer .*", lines[2])
     proc = subprocess.run([sys.executable, "-m", "seqlm", "train", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "{kn,fnn,fofe,rnn" in proc.stdout and "mix" not in proc.stdout

@@ -8,8 +8,9 @@
 
 from __future__ import annotations
 
+from seqlm import forking  # noqa: F401 (forked workers start with one torch thread: forking.py says why)
+from seqlm._version import __version__
 from seqlm.api import generate, load, save, score_sentence, score_text
 from seqlm.ngram.query import NGramQuery  # KenLM-style query API over n-gram models (docs/ngram.md)
 
-__all__ = ["load", "save", "score_sentence", "score_text", "generate", "NGramQuery"]
-__version__ = "0.1.0"
+__all__ = ["load", "save", "score_sentence", "score_text", "generate", "NGramQuery", "__version__"]

@@ -393,10 +393,11 @@ def _add_model_tools(sub) -> None:
     qz.set_defaults(func=cmd_quantize)
 
 def build_parser() -> argparse.ArgumentParser:
-    from seqlm import __version__
+    from seqlm.about import VersionAction
 
     p = _Parser(prog="seqlm", description="Train, evaluate and use language models.")
-    p.add_argument("--version", action="version", version=f"seqlm {__version__}", help="print the version and exit")
+    p.add_argument("--version", action=VersionAction, help="print seqlm's and torch's versions, whether the compiled "
+                   "loops run, and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_add_train, _add_eval_score, _add_generate_info, _add_tools, _add_interpolate, _add_rescore,
                 _add_model_tools):

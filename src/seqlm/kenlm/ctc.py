@@ -18,11 +18,20 @@ about one batched step of W rows per word. pyctcdecode releases after 0.5.0 (its
 around as `AbstractLMState`s and ask each for a picklable copy (`get_mp_safe_state`) when decoding in batch;
 where the installed release has that class the States go out wrapped in SeqlmLMState, found by looking for
 the class, not by version number.
+
+`build_ctcdecoder` returns a SeqlmDecoderCTC: pyctcdecode's decoder keeps its language model in a class-level
+table that only a forked worker inherits, so pyctcdecode decodes a batch given a spawn pool one utterance after
+another in the calling process (0.5.0 warns and does so). Pickled, a SeqlmDecoderCTC carries its language model
+(a seqlm.kenlm.Model pickles as its path), which a worker that lacks it loads once, so `decode_batch` and
+`decode_beams_batch` run in the pool's workers whatever their start method: fork, spawn or forkserver.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import pickle
 from bisect import bisect_left
 from collections.abc import Collection
 from typing import Any
@@ -165,4 +174,39 @@ def build_ctcdecoder(labels: list[str], model: str | Model, unigrams: Collection
     lm = model if isinstance(model, Model) else Model(model)
     words = unigrams if unigrams is not None else lm.vocab.itos
     language_model = SeqlmLanguageModel(lm, words, alpha, beta, unk_score_offset, lm_score_boundary)
-    return BeamSearchDecoderCTC(Alphabet.build_alphabet(labels), language_model)
+    return SeqlmDecoderCTC(Alphabet.build_alphabet(labels), language_model)
+
+
+class SeqlmDecoderCTC(BeamSearchDecoderCTC):
+    """pyctcdecode's decoder, whose batch calls use any multiprocessing pool (see the module docstring)."""
+
+    def __reduce__(self):
+        return _decoder_in_worker, (type(self), dict(vars(self)), pickle.dumps(self._language_model))
+
+    def decode_batch(self, pool, logits_list, **options: Any) -> list[str]:
+        """decode() of each logit matrix, in the pool's workers when a pool is given."""
+        if pool is None:
+            return super().decode_batch(None, logits_list, **options)
+        return pool.map(functools.partial(self.decode, **options), logits_list)
+
+    def decode_beams_batch(self, pool, logits_list, **options: Any) -> list:
+        """pyctcdecode's picklable beams of each logit matrix (no LM states), in the pool's workers."""
+        one = getattr(self, "_decode_beams_mp_safe", None)  # pyctcdecode's own per-utterance step
+        if pool is None or one is None:
+            return super().decode_beams_batch(pool, logits_list, **options)
+        # that step takes every option, with no defaults of its own: the batch call's defaults fill them in
+        call = inspect.signature(super().decode_beams_batch).bind(pool, logits_list, **options)
+        call.apply_defaults()
+        options = {k: v for k, v in call.arguments.items() if k not in ("pool", "logits_list")}
+        return pool.map(functools.partial(one, **options), logits_list)
+
+
+def _decoder_in_worker(cls: type, attributes: dict, language_model: bytes) -> SeqlmDecoderCTC:
+    """The decoder again in a pool worker: a forked one (or this process) still holds the language model under
+    the decoder's key; any other loads it once, and the worker's later tasks find it there."""
+    key = attributes["_model_key"]
+    if key not in BeamSearchDecoderCTC.model_container:
+        BeamSearchDecoderCTC.model_container[key] = pickle.loads(language_model)
+    decoder = cls.__new__(cls)
+    vars(decoder).update(attributes)
+    return decoder

@@ -19,6 +19,9 @@ AFP K + 1) or 0 when the history is unbounded.
 from __future__ import annotations
 
 import math
+import os
+import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -35,6 +38,16 @@ LN10 = math.log(10.0)
 MAX_ROWS = 256  # the most pending nodes stepped in one call
 NO_NULL_CONTEXT = ("a neural model has no null context (it is trained from <s> on): use BeginSentenceWrite "
                    "and bos=True")
+_SCORERS: weakref.WeakSet = weakref.WeakSet()  # every live scorer, whose lock a forked child must renew
+
+
+def _renew_locks() -> None:
+    """In a forked child: a lock some other thread of the parent held at the fork would stay held for ever."""
+    for scorer in _SCORERS:
+        scorer._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_renew_locks)
 
 
 class Node:
@@ -70,6 +83,9 @@ class NeuralScorer:
         start.state = model.initial_state(1)
         self._root = Node((), start, self.vocab.bos_id)  # after <s>: shared by every BeginSentenceWrite
         self._pending: list[Node] = [self._root]
+        # threads share the pending list and the nodes being stepped: one of them at a time creates or steps
+        self._lock = threading.RLock()
+        _SCORERS.add(self)
 
     def BeginSentenceWrite(self, state: State) -> None:  # noqa: N802 (kenlm's names)
         state.words = self._root
@@ -82,16 +98,25 @@ class NeuralScorer:
         node = in_state.words
         if not isinstance(node, Node):
             raise SeqlmError("this State has no context: call BeginSentenceWrite on it first")
-        if node.logp is None:
-            self.flush()
         w = self._stoi.get(word)
         if w is None:
             if not isinstance(word, str):
                 raise TypeError(f"Argument 'word' has incorrect type (expected str, got {type(word).__name__})")
             w = self._unk
-        child = Node(node.history + (w,), node, w)
-        self._pending.append(child)
+        with self._lock:
+            self._ready(node)
+            child = Node(node.history + (w,), node, w)
+            self._pending.append(child)
         return node.logp, child, w
+
+    def _ready(self, node: Node) -> None:
+        """Step `node` if it has not been; a node that is not pending either was taken by a flush that a fork
+        cut short (it ran in another thread of the parent), so it is queued again."""
+        if node.logp is None:
+            self.flush()
+        if node.logp is None:
+            self._pending.append(node)
+            self.flush()
 
     def BaseScore(self, in_state: State, word: str, out_state: State) -> float:  # noqa: N802
         logp, out_state.words, w = self._child(in_state, word)
@@ -105,14 +130,15 @@ class NeuralScorer:
     @torch.no_grad()
     def flush(self) -> None:
         """Step every pending node: rows of equal history length together, at most MAX_ROWS a call."""
-        nodes, self._pending = self._pending, []
-        groups: dict[int, list[Node]] = defaultdict(list)
-        for n in nodes:
-            if n.logp is None:
-                groups[len(n.history)].append(n)
-        for group in groups.values():
-            for lo in range(0, len(group), MAX_ROWS):
-                self._step(group[lo : lo + MAX_ROWS])
+        with self._lock:
+            nodes, self._pending = self._pending, []
+            groups: dict[int, list[Node]] = defaultdict(list)
+            for n in nodes:
+                if n.logp is None:
+                    groups[len(n.history)].append(n)
+            for group in groups.values():
+                for lo in range(0, len(group), MAX_ROWS):
+                    self._step(group[lo : lo + MAX_ROWS])
 
     def _step(self, nodes: list[Node]) -> None:
         parents = Prefixes(cat_states(self.model, [n.parent.state for n in nodes]))
@@ -146,6 +172,7 @@ class NeuralScorer:
         nodes = [s.words for s in states]
         if not all(isinstance(n, Node) for n in nodes):
             raise SeqlmError("a State has no context: call BeginSentenceWrite on it first")
-        if any(n.logp is None for n in nodes):
-            self.flush()
+        with self._lock:
+            for n in nodes:
+                self._ready(n)
         return np.stack([n.logp for n in nodes]) if nodes else np.zeros((0, len(self.vocab)))

@@ -132,6 +132,7 @@ def read_binary(path: str | Path) -> NGramModel:
     """Map a binary model file, verified (checksums, types, id ranges); raises SeqlmError naming the file
     if it is not one this seqlm reads or it is damaged."""
     path = Path(path)
+    stamp = file_stamp(path)  # before mapping: a file replaced meanwhile then fails the check when remapped
     try:
         buf = np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as e:
@@ -150,9 +151,20 @@ def read_binary(path: str | Path) -> NGramModel:
     backoffs = [arrays[f"backoff_{k}"] for k in range(1, order)]
     index = [None] + [arrays[f"slots_{k}"] for k in range(2, order + 1)]
     try:
-        return NGramModel(Vocab(tokens), keys, probs, backoffs, index)
+        model = NGramModel(Vocab(tokens), keys, probs, backoffs, index)
     except SeqlmError as e:
         raise SeqlmError(f"{path}: {e}") from None
+    model.mapped_file = (str(path.absolute()), stamp)  # pickling sends this, not the tables
+    return model
+
+
+def file_stamp(path: str | Path) -> tuple[int, int, int] | None:
+    """(size, mtime in ns, inode) of the file, None if it is gone: what tells a remapped file from the original."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def _check_header(path: Path, buf: np.memmap) -> tuple[int, int]:

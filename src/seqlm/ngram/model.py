@@ -31,12 +31,16 @@ from seqlm.ngram.index import FIB_INT, lookup, table_bits
 from seqlm.protocol import Batch, Capabilities, LMBase, Prefixes
 
 LN10 = math.log(10.0)
+FROM_FILE = ("vocab", "order", "keys", "log10_prob", "log10_backoff", "index", "mapped_file")  # what read_binary sets
 MASK64 = (1 << 64) - 1  # the hash probe multiplies modulo 2^64 (index.py)
 UNK_LOG10_PROB = -100.0  # what KenLM substitutes when an ARPA file has no <unk>
 
 
 class NGramModel(LMBase):
     """Back-off n-gram tables of orders 1..N over `vocab` (which contains <s>, </s> and <unk>)."""
+
+    # (path, binary.file_stamp) of the binary file whose read-only mapped pages the tables are (read_binary)
+    mapped_file: tuple[str, tuple[int, int, int]] | None = None
 
     def __init__(
         self,
@@ -61,6 +65,18 @@ class NGramModel(LMBase):
 
     def __repr__(self) -> str:
         return f"NGramModel(order={self.order}, sizes={self.sizes})"
+
+    def __reduce_ex__(self, protocol):
+        """A model mapped from a binary file pickles as that file: the receiving process (a spawned worker) maps
+        it again, so all of them share its pages instead of each holding a copy; any other model pickles its
+        arrays. Attributes set after loading (seqlm.load's family, config) travel with it; caches do not."""
+        if self.mapped_file is None:
+            return super().__reduce_ex__(protocol)
+        kept = {k: v for k, v in vars(self).items() if not k.startswith("_") and k not in FROM_FILE}
+        return _remap, (*self.mapped_file, kept)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != "_views"}  # memoryviews do not pickle
 
     def capabilities(self) -> Capabilities:
         return Capabilities(context_order=self.order)  # a finite-context model: lattices expand exactly
@@ -326,6 +342,18 @@ class NGramModel(LMBase):
             ids = key // V
         cols.append(ids)
         return np.stack(cols[::-1], axis=1)
+
+
+def _remap(path: str, stamp: tuple[int, int, int], kept: dict) -> NGramModel:
+    """NGramModel.__reduce_ex__'s other half: the same file mapped again, refused if it changed since."""
+    from seqlm.ngram.binary import file_stamp, read_binary
+
+    if file_stamp(path) != stamp:
+        raise SeqlmError(f"{path}: the binary n-gram file changed (or went) since this model was pickled; load it "
+                         "again")
+    model = read_binary(path)
+    vars(model).update(kept)
+    return model
 
 
 def _take(values: np.ndarray, ids: np.ndarray, default: float) -> np.ndarray:
