@@ -154,3 +154,12 @@ def seqlm_cli(*argv, timeout: float = 120, **env: str):
 
     return subprocess.run([sys.executable, "-m", "seqlm", *map(str, argv)], capture_output=True, text=True,
                           timeout=timeout, env=cli_env(**env))
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of one `seqlm` command run in this process (arguments made strings)."""
+    from seqlm.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err

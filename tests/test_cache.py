@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import seqlm
-from seqlm.cli import main
 from seqlm.data.corpus import encode_file, encode_sentences
 from seqlm.data.vocab import BOS, EOS, UNK, Vocab
 from seqlm.eval.perplexity import score_tokens
 from seqlm.models.cache import CacheConfig, CacheModel
 from seqlm.protocol import Batch
 
+from conftest import run_cli as run
 from conftest import write_corpus
 
 WORDS = [EOS, UNK, "a", "b", "c", "d", "e"]
@@ -102,12 +102,6 @@ def test_a_vocabulary_with_a_start_symbol_never_predicts_it_and_still_sums_to_on
     # the uniform floor is over the 7 words it can predict, not the 8 entries of the vocabulary
     empty, _ = m.step(torch.tensor([m.vocab.bos_id]), m.initial_state(1))
     assert float(empty[0, 2]) == pytest.approx(-math.log(len(WORDS)), abs=1e-12)
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_trains_evaluates_and_interpolates_the_cache_as_a_stream(tmp_path, capsys):

@@ -25,12 +25,7 @@ from seqlm.eval.perplexity import LOG10, can_stream, score_tokens, text_logp
 from seqlm.models.mixture import MixtureModel, fit_weights, mix_logp
 
 from conftest import SEQ_LEN, TINY, write_corpus
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+from conftest import run_cli as run
 
 
 @pytest.fixture(scope="module")

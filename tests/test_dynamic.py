@@ -25,6 +25,7 @@ from seqlm.eval.perplexity import evaluate, score_tokens, text_logp
 from seqlm.models.mixture import MixtureModel, mix_logp
 
 from conftest import SEQ_LEN, TINY, write_chain_corpus
+from conftest import run_cli as run
 
 TRANSFORMER = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--context", "16",
                SEQ_LEN, "16", "--batch-size", "8", "--threads", "1"]
@@ -52,12 +53,6 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 def text_of(models, model):
     return encode_file(models["corpus"] / "test.txt", model.vocab)
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("name", NEURAL)

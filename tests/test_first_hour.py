@@ -17,18 +17,12 @@ from pathlib import Path
 import pytest
 
 import seqlm
-from seqlm.cli import main
 from seqlm.data.corpus import cache_dir
 from seqlm.data.datasets import resolve_corpus
 from seqlm.errors import SeqlmError
 
 from conftest import ROOT, SEQ_LEN, TINY, cli_env, write_corpus
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+from conftest import run_cli as run
 
 
 def train_kn(capsys, out: Path, data: str = "ptb") -> dict:

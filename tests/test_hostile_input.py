@@ -31,14 +31,9 @@ from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import evaluate
 
 from conftest import SEQ_LEN, TINY, cli_env, seqlm_cli, write_corpus
+from conftest import run_cli as run
 
 FNN = ["--model", "fnn", SEQ_LEN, "20", "--max-epochs", "1", *TINY]
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def refused(capsys, *argv, match: str) -> str:
@@ -129,6 +124,7 @@ def test_stray_files_in_a_model_directory_are_ignored(tmp_path, capsys, models):
 MEASURE = r"""
 import json, resource, sys
 from seqlm.cli import main
+
 small, long_, model = sys.argv[1:4]
 assert main(["eval", model, "--text", small]) == 0  # everything imported and warmed up
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

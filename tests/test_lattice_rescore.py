@@ -23,6 +23,7 @@ from seqlm.data.corpus import encode_sentences
 from seqlm.eval.perplexity import score_tokens
 from seqlm.lattice import read_lattices
 
+from conftest import run_cli as run
 from conftest import write_corpus
 
 # (src, dst, word, a, l, r): two arcs spell "the" (a duplicate text), "zebra" is outside the vocabulary
@@ -74,12 +75,6 @@ def read_table(path: Path) -> dict[str, list[float]]:
     lines = path.read_text().splitlines()
     assert lines[0].split("\t") == ["key", "acoustic", "old_lm", "new_lm", "total", "oov"]
     return {k: [float(x) for x in rest] for k, *rest in (line.split("\t") for line in lines[1:])}
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def reports(err: str) -> list[dict]:

@@ -12,14 +12,9 @@ import seqlm
 from seqlm.cli import main
 
 from conftest import TINY, seqlm_cli, write_corpus
+from conftest import run_cli as run
 
 FNN = ["--model", "fnn", "--max-epochs", "1", "--seq-len", "8", *TINY]
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def refused(capsys, *argv, match: str) -> str:

@@ -12,12 +12,7 @@ from seqlm.config import DataConfig, apply_overrides, from_dict, to_dict
 from seqlm.models.transformer import TransformerConfig
 
 from conftest import TINY, write_corpus
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+from conftest import run_cli as run
 
 
 def refused(capsys, *argv, match: str) -> str:

@@ -10,8 +10,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import seqlm
-from seqlm.cli import main
 
+from conftest import run_cli as run
 from conftest import write_corpus
 
 COMMON = ["--threads", "1", "--max-epochs", "1"]
@@ -28,12 +28,6 @@ FAMILIES = {  # tiny models: a second or two an epoch
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("valid_mode") / "corpus", n_train=120, n_eval=20)
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def train(capsys, corpus, out, family: str, *extra: str) -> list[dict]:
