@@ -199,7 +199,7 @@ UNITS = ("word", "char")
 
 @dataclass(frozen=True)
 class TextSpec:
-    """How text becomes this model's tokens. Saved in config.json ("text"); `check_text` compares a request
+    """How text becomes this model's tokens. Saved in config.json ("text"); `require` compares a request
     against it, so a model is never fed text split another way than it was trained on.
 
     Blank lines are not sentences, for every command (eval, score, query, rescore, interpolate): they are
@@ -332,15 +332,26 @@ def stream_refusal(model: LanguageModel) -> str | None:
             "sentences; scoring sentence by sentence")
 
 
-def check_text(model: LanguageModel, raw: bool | None = None, unit: str | None = None) -> TextSpec:
-    """The model's TextSpec, after refusing a request to read text otherwise (`--raw` for a model trained on
-    tokenised text, or the reverse)."""
-    spec = model.text_spec()
+def require(model: LanguageModel, *, raw: bool | None = None, words: str = "", dynamic: str = "",
+            quantizable: str = "") -> TextSpec:
+    """The one check before a command uses a model: the model's TextSpec, after refusing, in one line, what it
+    cannot do as asked. `raw`: how the user asked to read text (None: the model's own way); `words`: the
+    command needs whitespace-separated words (lattice arcs, kenlm's calls), named in the message; `dynamic`,
+    `quantizable`: the command needs that capability (the option that asks for it, named in the message).
+    Stream mode is no refusal: a model that cannot stream is scored by sentence (`stream_refusal`)."""
+    spec, caps = model.text_spec(), model.capabilities()
     if raw is not None and raw != spec.raw:
         raise SeqlmError(f"--raw: this model reads {spec.describe()}; text is read the way the model was "
                          f"trained, {'drop' if raw else 'add'} --raw" + ("" if raw else " (or leave it out)"))
-    if unit is not None and unit != spec.unit:
-        raise SeqlmError(f"this model reads {spec.unit} units, not {unit} units")
+    if words and (spec.unit != "word" or spec.raw):
+        raise SeqlmError(f"{words} takes whitespace-separated words, and this model reads {spec.describe()}")
+    if dynamic and not caps.dynamic:
+        raise SeqlmError(f"{dynamic}: a {model.family} model has no weights with a running history to update; "
+                         "dynamic evaluation applies to rnn, afp, lstm and transformer models, and mixtures "
+                         "holding one")
+    if quantizable and not caps.quantizable:
+        raise SeqlmError(f"{quantizable}: {model.family} models have no Linear or LSTM layers to quantize; it "
+                         "applies to the neural families (a mixture: quantize its components and interpolate those)")
     return spec
 
 
@@ -372,7 +383,7 @@ def _words(vocab: Vocab) -> set[str]:
 def encode_text(model: LanguageModel, path: str | Path, raw: bool | None = None) -> TokenStream:
     """A text file as the model reads text (its unit, raw or not): the one reader every command uses. `raw`
     is what the user asked for (None: the model's own setting); a different one is refused."""
-    spec = check_text(model, raw)
+    spec = require(model, raw=raw)
     return encode_file(path, model.vocab, spec.raw, unit=spec.unit)
 
 

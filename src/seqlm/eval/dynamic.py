@@ -35,7 +35,7 @@ from seqlm.data.corpus import TokenStream
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import score_tokens
 from seqlm.models.mixture import mix_logp
-from seqlm.protocol import Batch, Capabilities, LanguageModel, LMBase, TextSpec, model_device
+from seqlm.protocol import Batch, Capabilities, LanguageModel, LMBase, TextSpec, model_device, require
 
 DEFAULT_SEGMENT = 20  # tokens per segment (stream mode); sentence mode: whole sentences holding at least this many
 
@@ -105,10 +105,7 @@ class Dynamic(LMBase):
         segment = DEFAULT_SEGMENT if segment is None else segment
         if segment < 1:
             raise SeqlmError(f"--dynamic-segment must be at least 1 token, got {segment}")
-        if not model.capabilities().dynamic:  # a mixture: when one of its components learns
-            raise SeqlmError(f"--dynamic-lr: a {model.family} model has no weights with a "
-                             "running history to update; dynamic evaluation applies to rnn, afp, lstm and "
-                             "transformer models, and mixtures holding one")
+        require(model, dynamic="--dynamic-lr")  # a mixture: when one of its components learns
         self.model, self.lr, self.segment = model, float(lr), segment
         self.vocab, self.family = model.vocab, model.family
 

@@ -166,9 +166,9 @@ def _heldout(components: list, valid: str | Path, raw: bool) -> tuple:
     from seqlm.data.corpus import encode_file
     from seqlm.ngram.merge import heldout_log10, union_vocab
     from seqlm.ngram.model import LN10
-    from seqlm.protocol import check_text
+    from seqlm.protocol import require
 
-    spec = check_text(components[0], raw or None)
+    spec = require(components[0], raw=raw or None)
     vocab, tables = union_vocab(components)
     stream = encode_file(valid, vocab, spec.raw, unit=spec.unit)
     alone, has = heldout_log10(components, tables, stream)

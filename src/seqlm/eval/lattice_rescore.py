@@ -36,6 +36,7 @@ from seqlm.errors import SeqlmError
 from seqlm.eval.rescore import Combination, format_table
 from seqlm.lattice import Arc, Lattice, WordMap, best_paths, expand, read_lattices, write_lattices
 from seqlm.lattice.slf import read_text
+from seqlm.protocol import require
 
 SCALES = ("acscale", "lmscale", "prscale", "wdpenalty")  # HTK header fields of the total
 MAX_PATHS = 64  # distinct texts: search at most this many times N best paths
@@ -190,9 +191,7 @@ def rescore_lattice_files(model_dir: str, files: list[str], outputs: Outputs, co
     import seqlm
 
     model = seqlm.load(model_dir)
-    if model.text_spec().unit != "word":  # a lattice arc is one word, one `step`; a character model needs many
-        raise SeqlmError(f"{model_dir}: a {model.text_spec().unit}-level model cannot expand a word lattice; "
-                         "rescore the lattice's n-best list instead (--nbest-out, then --tsv)")
+    require(model, words="--lattice (an arc is one word, one `step`; rescore its --nbest-out list instead)")
     wm = WordMap(model.vocab, lowercase, read_map(map_file) if map_file else {})
     reports, best_lines, hyps, warned = [], [], [], False
     for f in files:

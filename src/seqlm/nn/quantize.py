@@ -33,7 +33,7 @@ from torch.ao.nn.quantized.dynamic import Linear as QLinear
 from seqlm import checkpoint as ckpt
 from seqlm.errors import SeqlmError
 from seqlm.outputs import claim_output, clear_model
-from seqlm.protocol import Batch
+from seqlm.protocol import Batch, require
 
 SCHEME = "dynamic-int8"
 
@@ -168,9 +168,7 @@ def quantize_dir(model_dir: str | Path, out: str | Path, force: bool = False) ->
     if isinstance(meta, dict) and "quantization" in meta:
         raise SeqlmError(f"{model_dir}: already quantized ({meta['quantization'].get('scheme')})")
     model = seqlm.load(model_dir)
-    if not model.capabilities().quantizable:
-        raise SeqlmError(f"{model.family} models cannot be quantized; quantize applies to the neural families "
-                         "(a mixture: quantize its components and interpolate those)")
+    require(model, quantizable="quantize")
     if model.untie():  # a tied output matrix becomes its own Linear
         meta["model"]["tie_embeddings"] = False  # the int8 directory describes the untied model it holds
     q, names = quantize(model)
