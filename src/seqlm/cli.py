@@ -220,6 +220,13 @@ def cmd_quantize(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps(quantize_dir(args.model_dir, args.out, args.force)))
 
 
+def cmd_export(args: argparse.Namespace, rest: list[str]) -> None:
+    """Write a model's step function as an ONNX graph, its state as explicit inputs and outputs."""
+    from seqlm.export.onnx import export_onnx
+
+    print(json.dumps(export_onnx(args.model_dir, args.onnx, args.force)))
+
+
 def _add_train(sub) -> None:
     """`seqlm train`: a family, its text, where the model goes; the family's own options pass through."""
     from seqlm.registry import DEFAULT_FAMILY
@@ -392,6 +399,17 @@ def _add_model_tools(sub) -> None:
     qz.add_argument("--force", action="store_true", help="replace a model already in --out")
     qz.set_defaults(func=cmd_quantize)
 
+
+def _add_export(sub) -> None:
+    """`seqlm export`: a model for another runtime."""
+    ex = sub.add_parser("export", help=cmd_export.__doc__)
+    ex.add_argument("model_dir", help="an rnn, lstm or transformer model directory")
+    ex.add_argument("--onnx", required=True, metavar="OUT.onnx", help="the ONNX file to write (needs the onnx extra: "
+                    "pip install 'seqlm[onnx]')")
+    ex.add_argument("--force", action="store_true", help="replace an existing --onnx file")
+    ex.set_defaults(func=cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from seqlm.about import VersionAction
 
@@ -400,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "loops run, and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_add_train, _add_eval_score, _add_generate_info, _add_tools, _add_interpolate, _add_rescore,
-                _add_model_tools):
+                _add_model_tools, _add_export):
         add(sub)
     return p
 
