@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import seqlm
 from seqlm.cli import main
@@ -34,7 +35,10 @@ MODELS = {
     "transformer": ["--model", "transformer", "--layers", "2", "--hidden", "16", "--heads", "2", "--d-ff", "32",
                     "--context", "8", "--stride", "3", "--seq-len", "16", "--precision", "fp32", "--warmup-steps", "0",
                     "--lr", "0.01", "--max-epochs", "3"],
+    "fnn": ["--model", "fnn", "--order", "4", "--embed", "8", "--hidden", "16", "--layers", "1", "--seq-len", "16"],
+    "afp": ["--model", "afp", "--iterations", "3", "--hidden", "16"],
 }
+CARRIED = ["lstm", "rnn", "rnn-tanh", "fnn", "afp"]  # the families with a state input
 TOL = 1e-4
 
 
@@ -97,15 +101,19 @@ def test_metadata_and_signature(exported, name):
     inputs = {i.name: (i.type, i.shape) for i in session.get_inputs()}
     assert [i.name for i in session.get_inputs()] == summary["inputs"] == meta["inputs"].split(",")
     assert inputs["x"][0] == "tensor(int64)"
-    for state in summary["inputs"][1:]:  # the RNN-LM layout: (num_layers, batch, hidden_size)
+    for state in summary["inputs"][1:]:
         kind, shape = inputs[state]
-        assert kind == "tensor(float)" and shape[0] == int(meta["num_layers"]) and shape[2] == int(meta["hidden_size"])
+        if "context_size" in meta:  # the last inputs of a finite-context model: (batch, K) ids
+            assert kind == "tensor(int64)" and shape[1] == int(meta["context_size"]) == model.context_window()
+        else:  # the RNN-LM layout: (num_layers, batch, hidden_size)
+            assert kind == "tensor(float)" and shape[0] == int(meta["num_layers"])
+            assert shape[2] == int(meta["hidden_size"])
     if model.family == "transformer":
         assert int(meta["context"]) == model.context and int(meta["stride"]) == model.stride
 
 
-@pytest.mark.parametrize("name", ["lstm", "rnn", "rnn-tanh"])
-def test_state_carried_over_calls_equals_one_call_and_seqlm_stream(exported, corpus, name):
+@pytest.mark.parametrize("name", CARRIED)
+def test_state_carried_over_calls_equals_one_call_and_seqlm_step(exported, corpus, name):
     _needs_onnx()
     from seqlm.export.runtime import OnnxLM
 
@@ -123,11 +131,18 @@ def test_state_carried_over_calls_equals_one_call_and_seqlm_stream(exported, cor
     assert at == x.shape[1]
     assert np.abs(np.concatenate(pieces, axis=1) - whole).max() < 1e-5
     assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(state, end, strict=True))
-    ours = score_tokens(model, stream, stream_mode=True).logp[:80]  # seqlm's stream mode: the state carried
-    assert np.abs(whole[0, np.arange(80), ids] - ours).max() < TOL
+    state, steps = model.initial_state(1), []
+    with torch.no_grad():
+        for token in x[0]:  # seqlm's own step, one token at a time, the state carried: the reference
+            logp, state = model.step(torch.tensor([int(token)]), state)  # (1, V)
+            steps.append(logp[0].numpy())
+    assert np.abs(whole[0] - np.stack(steps)).max() < TOL
+    if model.capabilities().stream:  # and seqlm's stream mode, where the family has one
+        ours = score_tokens(model, stream, stream_mode=True).logp[:80]
+        assert np.abs(whole[0, np.arange(80), ids] - ours).max() < TOL
 
 
-@pytest.mark.parametrize("name", ["lstm", "transformer"])
+@pytest.mark.parametrize("name", ["lstm", "transformer", "afp"])
 def test_rows_of_a_batch_are_independent(exported, name):
     _needs_onnx()
     from seqlm.export.runtime import OnnxLM
@@ -159,7 +174,7 @@ def test_refusals_are_one_line(exported, corpus, tmp_path, capsys):
     assert main(["train", "--model", "kn", "--order", "2", "--data", str(corpus), "--out", str(kn)]) == 0
     capsys.readouterr()
     code, _, err = run(capsys, "export", kn, "--onnx", tmp_path / "kn.onnx")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "rnn, lstm, transformer" in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "rnn, lstm, transformer, afp, fnn" in err, err
     assert not (tmp_path / "kn.onnx").exists()
     code, _, err = run(capsys, "export", tmp_path / "nowhere", "--onnx", tmp_path / "x.onnx")
     assert code == 2 and len(err.strip().splitlines()) == 1, err

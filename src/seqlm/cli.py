@@ -403,7 +403,7 @@ def _add_model_tools(sub) -> None:
 def _add_export(sub) -> None:
     """`seqlm export`: a model for another runtime."""
     ex = sub.add_parser("export", help=cmd_export.__doc__)
-    ex.add_argument("model_dir", help="an rnn, lstm or transformer model directory")
+    ex.add_argument("model_dir", help="an rnn, lstm, transformer, afp or fnn model directory")
     ex.add_argument("--onnx", required=True, metavar="OUT.onnx", help="the ONNX file to write (needs the onnx extra: "
                     "pip install 'seqlm[onnx]')")
     ex.add_argument("--force", action="store_true", help="replace an existing --onnx file")

@@ -6,6 +6,9 @@ Signatures (N rows of T tokens; ids are 0-based line numbers of the model direct
                  -> log_probs float32 (N, T, V), next_h0 (L, N, H), next_c0 (L, N, H)
     rnn          x int64 (N, T), h0 float32 (1, N, H) -> log_probs (N, T, V), next_h0 (1, N, H)
     transformer  x int64 (N, T), 1 <= T <= context -> log_probs (N, T, V)
+    fnn, afp     x int64 (N, T), context int64 (N, K) -> log_probs (N, T, V), next_context (N, K)
+                 (K = n - 1 inputs of an order-n fnn, K iterations of an afp model; an afp model read exactly,
+                 with no finite context, exports as the rnn family does)
 
 log_probs[n, t] is the natural-log distribution of the token after x[n, t]: what `step` returns after reading
 it. A sentence is read from the start state, starting with sos_id (seqlm reads `</s>` as the start symbol), and
@@ -13,7 +16,8 @@ scored up to and including eos_id. The recurrent families take the state of the 
 next one, so a text may come in calls of any length; the start state is `initial_state` in every cell
 (metadata: 0 for the LSTM, 0.1 for a sigmoid Elman RNN, as seqlm's). The Transformer has no carried state: each
 call is a window read from position 0, and a sentence longer than `context` is read in seqlm's windows (the
-first `context` tokens, then `stride` new ones a window; seqlm.export.runtime.OnnxLM does it).
+first `context` tokens, then `stride` new ones a window; seqlm.export.runtime.OnnxLM does it). The state of
+fnn and afp is the last K inputs, oldest first, -1 before the start (all -1 at the start).
 
 The LSTM's layout is the one sherpa-onnx's RNN LM reads (OnlineRnnLM): inputs x (1, T), h and c (L, 1, H) and
 outputs (scores, h, c), bound by position; num_layers, hidden_size and sos_id from the metadata; zero start
@@ -42,7 +46,7 @@ from torch import Tensor, nn
 
 from seqlm import checkpoint as ckpt
 from seqlm.errors import SeqlmError
-from seqlm.nn.fixed_point import input_preactivation
+from seqlm.nn.fixed_point import fixed_point, input_preactivation
 from seqlm.outputs import MODEL_FILES, claim_output
 from seqlm.protocol import LanguageModel
 
@@ -151,7 +155,59 @@ class WindowStep(_Step):
         return {"context": self.model.context, "stride": self.model.stride, "num_layers": len(self.model.blocks)}
 
 
-STEPS: dict[str, type[_Step]] = {"rnn": ElmanStep, "lstm": LSTMStep, "transformer": WindowStep}
+class ContextStep(_Step):
+    """A finite-context model (fnn: n - 1 inputs; afp: K) whose state is its last K inputs, oldest first, -1
+    before the text's start: seqlm's own `step` state of both families."""
+
+    inputs, outputs = ("x", "context"), ("log_probs", "next_context")
+
+    def __init__(self, model: Any):
+        super().__init__(model)
+        self.size = model.context_window()  # K inputs, the latest included
+
+    def forward(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        ids = torch.cat([context, x], dim=1)  # (N, K + T)
+        return self.scores(ids), ids[:, -self.size :]
+
+    def example(self) -> tuple[Tensor, ...]:
+        return _example_tokens(self.model), self.model.initial_state(2)  # (2, K) of -1
+
+    def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
+        shapes = super().dynamic_shapes()
+        return shapes | {"context": {0: shapes["x"][0]}}  # batch first
+
+    def metadata(self) -> dict[str, Any]:
+        return {"context_size": self.size, "initial_state": -1}
+
+
+class FNNStep(ContextStep):
+    def scores(self, ids: Tensor) -> Tensor:
+        T, K = ids.shape[1] - self.size, self.size
+        windows = torch.stack([ids[:, 1 + k : 1 + k + T] for k in range(K)], dim=-1)  # (N, T, K), oldest first
+        windows = torch.where(windows < 0, self.model.vocab.bos_id, windows)  # before the start: <s>, as fnn reads
+        feats = self.model.embedding(windows).flatten(-2)  # (N, T, K * E)
+        return self.model.head.log_probs(feats)  # (N, T, V)
+
+
+class AFPStep(ContextStep):
+    """AFP-K: K fixed-point iterations over the context and x, as seqlm.models.afp's stream scoring: a position
+    whose previous input is before the start restarts from h_0."""
+
+    def scores(self, ids: Tensor) -> Tensor:
+        m, K = self.model, self.size
+        x = m.embedding(ids.clamp(min=0))  # (N, K + T, E)
+        gone = torch.cat([torch.ones_like(ids[:, :1], dtype=torch.bool), ids[:, :-1] < 0], dim=1)  # (N, K + T)
+        h = fixed_point(m.rnn, x, m.rnn.initial_state(ids.shape[0], ids.device), gone, K)[:, K:]  # (N, T, H)
+        return _log_probs(m.out, h)
+
+
+def _afp(model: Any) -> _Step:
+    """AFP-K with K iterations; an afp model read exactly (no finite context) is the Elman recurrence."""
+    return ElmanStep(model) if model.capabilities().context_order is None else AFPStep(model)
+
+
+STEPS: dict[str, Any] = {"rnn": ElmanStep, "lstm": LSTMStep, "transformer": WindowStep, "afp": _afp,
+                         "fnn": FNNStep}
 
 
 def metadata(model: LanguageModel, step: _Step) -> dict[str, str]:

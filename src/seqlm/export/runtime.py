@@ -38,9 +38,12 @@ class OnnxLM:
         self.stride = int(self.meta.get("stride", 0))
 
     def initial_state(self, rows: int) -> list[np.ndarray]:
-        """The start state of `rows` rows: each state input (L, rows, H) filled with `initial_state`."""
+        """The start state of `rows` rows: each state input (L, rows, H) filled with `initial_state`; a
+        finite-context model's (rows, context_size) ids, all -1."""
         if not self.states:
             return []
+        if "context_size" in self.meta:  # a finite-context model: its last inputs, -1 before the start
+            return [np.full((rows, int(self.meta["context_size"])), -1, dtype=np.int64)]
         shape = (int(self.meta["num_layers"]), rows, int(self.meta["hidden_size"]))
         return [np.full(shape, float(self.meta["initial_state"]), dtype=np.float32) for _ in self.states]
 
