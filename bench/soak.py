@@ -177,6 +177,7 @@ def main() -> None:
     import seqlm
     import seqlm.kenlm as kenlm
 
+    load_before = [round(x, 2) for x in os.getloadavg()]  # 1, 5, 15 minutes: what else the machine was running
     kn_dir, corpus = kn_model(5)
     lstm_dir = lstm_model(corpus, args.train_minutes)
     torch.set_num_threads(1)
@@ -198,6 +199,7 @@ def main() -> None:
                                                                "mismatches", "errors")}
     row = {"name": f"soak-{args.minutes:g}min", "minutes": args.minutes, "processes": args.processes,
            "threads_per_process": args.threads, "threads": 1, "start": args.start, "note": args.note,
+           "load_average_before": load_before,
            "kn": str(kn_dir.relative_to(ROOT)), "lstm": str(lstm_dir.relative_to(ROOT)),
            "sentences": len(sentences), **totals,
            "exit_codes": [proc.exitcode for proc in procs],
