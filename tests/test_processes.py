@@ -229,7 +229,7 @@ def test_threads_sharing_a_kenlm_model_get_what_one_thread_gets(zoo, kind):
     assert _in_threads(8, lambda i: _kenlm_calls(model, _rotated(text, i))) == want
 
 
-@pytest.mark.parametrize("kind", ["lstm", "mix"])
+@pytest.mark.parametrize("kind", ["lstm", "transformer", "mix"])
 def test_threads_sharing_a_model_through_score_text(zoo, kind):
     model = seqlm.load(zoo[kind])
     want = [seqlm.score_text(model, _rotated(zoo["text"], i)) for i in range(6)]
