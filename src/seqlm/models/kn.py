@@ -1,6 +1,7 @@
-"""Family `kn`: interpolated modified Kneser-Ney n-gram model, estimated exactly as KenLM's lmplz.
+"""Family `kn`: back-off n-gram models; by default interpolated modified Kneser-Ney, estimated exactly as
+KenLM's lmplz, or with `--smoothing` another of Chen & Goodman's methods (ngram/smoothing.py).
 
-The estimator and the model live in seqlm.ngram; this file is the glue the registry and CLI use:
+The estimators and the model live in seqlm.ngram; this file is the glue the registry and CLI use:
 the config (`seqlm train --model kn --order 5`), estimation from an encoded corpus, and the model
 directory's `model.arpa` (a plain ARPA file any KenLM/SRILM tool reads) with `model.bin` beside it
 (seqlm's memory-mapped binary, ngram/binary.py), which loading prefers.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -31,6 +33,7 @@ from seqlm.ngram.kneser_ney import (
 )
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.prune import prune_entropy
+from seqlm.ngram.smoothing import BACKOFF_BY_DEFAULT, METHODS, Smoothing, estimate_smoothed
 
 MAX_ORDER = 64
 
@@ -38,8 +41,16 @@ MAX_ORDER = 64
 @dataclass
 class KNConfig:
     order: int = 5  # n: predicts from the previous n-1 words
-    # D1 D2 D3+ used for an order whose count-of-counts are too sparse (lmplz --discount_fallback)
+    # modified-kn (lmplz's, exact) | kn (one discount per order) | absolute | witten-bell | katz | additive
+    smoothing: str = "modified-kn"
+    # interpolated | backoff | auto (katz and additive back off, the others interpolate); ARPA either way
+    form: str = "auto"
+    # D1 D2 D3+ used for an order whose count-of-counts are too sparse (lmplz --discount_fallback); kn and
+    # absolute take D1
     discount_fallback: str = "0.5 1 1.5"
+    discount: float = 0.0  # kn, absolute: one discount D in (0, 1] for every order; 0 = n1 / (n1 + 2 n2) per order
+    add_k: float = 1.0  # additive: k added to every count (1: Laplace; Lidstone otherwise)
+    katz_max: int = 5  # katz: counts up to this are discounted by Good-Turing, larger ones kept (Katz's k)
     # lmplz --prune: per order, drop n-grams seen at most this often ("0 1": singleton bigrams and up)
     prune: str = "0"
     # SRILM -prune: drop n-grams whose removal raises the relative entropy less than this (Stolcke 1998)
@@ -47,12 +58,45 @@ class KNConfig:
     # lmplz -S: estimation memory (e.g. 1G, 300M); every stage works on tables in files (TMPDIR); "" = all in RAM
     memory: str = ""
 
+    # Options one smoothing method alone reads (seqlm.config refuses them, given, under another).
+    USED_BY: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        "discount_fallback": ("smoothing", ("modified-kn", "kn", "absolute")),
+        "discount": ("smoothing", ("kn", "absolute")),
+        "add_k": ("smoothing", ("additive",)),
+        "katz_max": ("smoothing", ("katz",)),
+        "memory": ("smoothing", ("modified-kn",)),
+    }
+
     def __post_init__(self) -> None:
         if not 1 <= self.order <= MAX_ORDER:
             raise SeqlmError(f"--order must be between 1 and {MAX_ORDER} for kn, got {self.order}")
-        _ = self.fallback, self.thresholds, self.memory_bytes  # validate now, not at estimation time
+        _ = self.fallback, self.thresholds, self.memory_bytes, self.spec  # validate now, not at estimation time
         if not self.prune_entropy >= 0:
             raise SeqlmError(f"--prune-entropy must be >= 0 (e.g. 1e-8), got {self.prune_entropy}")
+
+    @property
+    def lmplz(self) -> bool:
+        """Whether lmplz's own estimator runs (interpolated modified KN): --memory and --vocab need it."""
+        return self.smoothing == "modified-kn" and self.form != "backoff"
+
+    @property
+    def spec(self) -> Smoothing:
+        """What ngram/smoothing.py reads, checked: the method, its form and its numbers."""
+        if self.smoothing not in METHODS:
+            raise SeqlmError(f"--smoothing must be one of {', '.join(METHODS)}; got {self.smoothing!r}")
+        if self.form not in ("auto", "interpolated", "backoff"):
+            raise SeqlmError(f"--form must be one of auto, interpolated, backoff; got {self.form!r}")
+        if not 0 <= self.discount <= 1:
+            raise SeqlmError(f"--discount must lie in (0, 1] (0: estimated per order), got {self.discount}")
+        if not self.add_k > 0:
+            raise SeqlmError(f"--add-k must be positive (1: Laplace), got {self.add_k}")
+        if self.katz_max < 1:
+            raise SeqlmError(f"--katz-max must be at least 1, got {self.katz_max}")
+        if self.memory and not self.lmplz:
+            raise SeqlmError("--memory: bounded-memory estimation is interpolated modified Kneser-Ney only; drop "
+                             "--memory or --form backoff")
+        interpolated = self.form == "interpolated" or (self.form == "auto" and self.smoothing not in BACKOFF_BY_DEFAULT)
+        return Smoothing(self.smoothing, interpolated, self.discount, self.fallback, self.add_k, self.katz_max)
 
     @property
     def thresholds(self) -> tuple[int, ...]:
@@ -106,6 +150,8 @@ def estimate_kn(cfg: KNConfig, train: TokenStream, vocab: Vocab) -> NGramModel:
         vocab = Vocab(vocab.itos[:-1], vocab.counts[:-1])
     if vocab.limit is not None:
         model = estimate_limited(train, vocab, cfg)
+    elif not cfg.lmplz:
+        model = estimate_smoothed(train, vocab, cfg.order, cfg.spec, cfg.thresholds)
     else:
         model = estimate_model(train, vocab, cfg.order, cfg.fallback, cfg.thresholds, cfg.memory_bytes)
     if cfg.prune_entropy > 0:
@@ -120,6 +166,10 @@ def estimate_limited(train: TokenStream, vocab: Vocab, cfg: KNConfig) -> NGramMo
     if cfg.memory_bytes is not None:
         raise SeqlmError("--memory: bounded-memory estimation cannot prune by a --vocab file yet; drop --memory "
                          "(or give --unk none, which keeps only the file's words from the start)")
+    if not cfg.lmplz:
+        raise SeqlmError(f"--vocab: only interpolated modified-kn prunes by a --vocab file (lmplz's "
+                         f"--limit_vocab_file), not --smoothing {cfg.smoothing} --form {cfg.form}; give --unk none "
+                         "(the file's words as a closed vocabulary) or drop --vocab")
     if BOS in vocab.stoi:
         raise SeqlmError(f"the training text contains {BOS}, which n-gram models reserve; remove it")
     keep = vocab.limit
