@@ -46,13 +46,15 @@ def model_meta(model: LanguageModel) -> dict[str, Any]:
 
 
 def load(path: str | Path) -> LanguageModel:
-    """A model directory written by seqlm, or an ARPA file (KenLM, SRILM, seqlm)."""
+    """A model directory written by seqlm, or an n-gram file: ARPA (KenLM, SRILM, seqlm), seqlm's binary or KenLM's."""
     from seqlm.registry import family
 
     path = Path(path)
     from seqlm.ngram.binary import is_binary
+    from seqlm.ngram.kenlm_binary import is_kenlm_binary
 
-    if path.is_file() and (path.name.endswith(ARPA_SUFFIXES) or is_binary(path)):  # or seqlm's binary n-gram
+    # an ARPA file by its name; seqlm's binary n-gram file or KenLM's (build_binary) by its magic
+    if path.is_file() and (path.name.endswith(ARPA_SUFFIXES) or is_binary(path) or is_kenlm_binary(path)):
         from seqlm.models.kn import KNConfig, load_ngram_file
 
         model = load_ngram_file(path)
@@ -139,8 +141,10 @@ def describe(path: str | Path) -> dict:
     info: dict[str, Any] = {"family": model.family}
     if Path(path).is_file():
         from seqlm.ngram.binary import is_binary
+        from seqlm.ngram.kenlm_binary import is_kenlm_binary
 
-        kind = "a seqlm binary n-gram file" if is_binary(Path(path)) else "an ARPA file (KenLM, SRILM or seqlm)"
+        kind = ("a seqlm binary n-gram file" if is_binary(Path(path)) else "a KenLM binary file (build_binary)"
+                if is_kenlm_binary(Path(path)) else "an ARPA file (KenLM, SRILM or seqlm)")
         info.update(config=None, source=f"{kind}, not a seqlm model directory: no config")
     else:
         info["config"] = asdict(model.config)

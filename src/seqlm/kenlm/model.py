@@ -23,7 +23,6 @@ from seqlm.ngram.query import FullScoreReturn, NGramQuery, State  # noqa: F401 (
 from seqlm.protocol import Capabilities, TextSpec
 
 LN10 = math.log(10.0)
-KENLM_BINARY_MAGIC = b"mmap lm "  # how KenLM's build_binary files begin (its binary_format.cc)
 
 
 class LoadMethod:
@@ -48,8 +47,9 @@ class Config:
 
 
 class Model:
-    """kenlm.Model on a seqlm model: an ARPA file (.arpa, .arpa.gz, any name), seqlm's binary n-gram file,
-    or a seqlm model directory of any family (neural ones: see seqlm.kenlm.neural for what they support)."""
+    """kenlm.Model on a seqlm model: an ARPA file (.arpa, .arpa.gz, any name), seqlm's binary n-gram file, KenLM's
+    own (build_binary, probing or trie: seqlm.ngram.kenlm_binary), or a seqlm model directory of any family
+    (neural ones: see seqlm.kenlm.neural for what they support)."""
 
     def __init__(self, path: str | bytes | os.PathLike, config: Config | None = None):
         self.path = os.path.abspath(os.fsencode(path))  # bytes, as kenlm's
@@ -164,18 +164,7 @@ def _load(path: str | bytes | os.PathLike):
     p = Path(shown)
     if not p.exists():
         raise OSError(f"Cannot read model '{shown}' ({os.strerror(errno.ENOENT)} while opening {p.absolute()})")
-    if p.is_file() and _starts_with(p, KENLM_BINARY_MAGIC):
-        raise OSError(f"Cannot read model '{shown}' (a KenLM binary file (build_binary); seqlm reads ARPA files and "
-                      "its own binary format: give the ARPA file, or `seqlm convert` it to a seqlm binary)")
     try:
         return seqlm.load(p) if p.is_dir() else load_tables(p)
     except SeqlmError as e:
         raise OSError(f"Cannot read model '{shown}' ({e})") from e
-
-
-def _starts_with(path: Path, magic: bytes) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
-    except OSError:
-        return False

@@ -1,6 +1,6 @@
 """A KN model on disk: a model directory (`model.arpa`, with seqlm's binary `model.bin` beside it, which
-loading prefers) or one file (ARPA from KenLM, SRILM or seqlm; seqlm's binary). The n-gram layer's own
-loading, so that the query API (query.py) needs nothing from the model families above it."""
+loading prefers) or one file (ARPA from KenLM, SRILM or seqlm; seqlm's binary; KenLM's build_binary file). The
+n-gram layer's own loading, so that the query API (query.py) needs nothing from the model families above it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from seqlm import checkpoint as ckpt
 from seqlm.errors import SeqlmError
 from seqlm.ngram.binary import is_binary, read_binary
+from seqlm.ngram.kenlm_binary import is_kenlm_binary, read_kenlm_binary
 from seqlm.ngram.model import NGramModel
 
 ARPA = "model.arpa"
@@ -35,8 +36,11 @@ def load_kn(model_dir: Path) -> NGramModel:
 
 
 def load_ngram_file(path: Path) -> NGramModel:
-    """A stand-alone model file: seqlm's binary (recognised by its magic) or ARPA (KenLM, SRILM, seqlm)."""
-    return read_binary(path) if is_binary(path) else NGramModel.from_arpa(path)
+    """A stand-alone model file: seqlm's binary or KenLM's (each recognised by its magic), else ARPA (KenLM, SRILM,
+    seqlm)."""
+    if is_binary(path):
+        return read_binary(path)
+    return read_kenlm_binary(path) if is_kenlm_binary(path) else NGramModel.from_arpa(path)
 
 
 def load_tables(path: str | Path) -> NGramModel:
