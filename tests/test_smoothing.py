@@ -223,7 +223,7 @@ def test_the_conventions_that_differ_from_nltk_do(corpus):
 def test_additive_is_nltks_lidstone_on_what_a_back_off_file_can_hold(corpus, order, k):
     """Lidstone (Laplace at k = 1) gives an unseen word k / (C(h) + k V'), the same after every context: no
     finite back-off file holds that for n > 1. seqlm's additive method gives each n-gram seen, and every
-    unigram, Lidstone's probability exactly, and backs off for the rest (SRILM's -addsmooth)."""
+    unigram, Lidstone's probability exactly, and backs off for the rest."""
     cls = nltk_lm.Laplace if k == 1 else nltk_lm.Lidstone
     theirs = corpus.nltk(cls, order, **({} if k == 1 else {"gamma": k}))
     ours = Float64(corpus, order, smoothing="additive", add_k=k)
