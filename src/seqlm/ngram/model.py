@@ -76,7 +76,12 @@ class NGramModel(LMBase):
         return _remap, (*self.mapped_file, kept)
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k != "_views"}  # memoryviews do not pickle
+        # memoryviews do not pickle, and the tensor tables (advance) are rebuilt where they are asked for
+        return {k: v for k, v in vars(self).items() if k not in ("_views", "_tensors")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._tensors = {}
 
     def capabilities(self) -> Capabilities:
         return Capabilities(context_order=self.order)  # a finite-context model: lattices expand exactly
