@@ -20,7 +20,7 @@ import torch
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.query import FullScoreReturn, NGramQuery, State  # noqa: F401 (kenlm's names, re-exported)
-from seqlm.protocol import Capabilities, TextSpec
+from seqlm.protocol import Capabilities, TextSpec, require
 
 LN10 = math.log(10.0)
 
@@ -55,10 +55,7 @@ class Model:
         self.path = os.path.abspath(os.fsencode(path))  # bytes, as kenlm's
         self.config = config if config is not None else Config()
         lm = _load(path)
-        spec = lm.text_spec()
-        if spec.unit != "word" or spec.raw:  # kenlm's calls take whitespace-separated words as they are
-            raise SeqlmError(f"{os.fsdecode(path)}: this model reads {spec.describe()}; kenlm's API scores "
-                             "whitespace-separated words: use seqlm.score_text for it")
+        require(lm, words="seqlm.kenlm (kenlm's calls; seqlm.score_text reads any model's text)")
         self._lm = lm
         if isinstance(lm, NGramModel):
             self._scorer = NGramQuery(lm)
