@@ -38,8 +38,8 @@ class BruteKN:
 
     - sentences are `<s> w1 .. wn </s>`; an n-gram's adjusted count is its count at the highest order or when
       it starts with `<s>`, else the number of distinct words seen before it; `<s>` alone counts 0;
-    - D1, D2, D3+ per order from n1..n4 of the adjusted counts; where one of n1..n4 is 0 or a discount falls
-      outside (0, j], the fallback (seqlm's rule; lmplz itself accepts n4 = 0, giving D3+ = 3);
+    - D1, D2, D3+ per order from n1..n4 of the adjusted counts; where one of n1..n3 is 0 or a discount falls
+      outside [0, j], the fallback (lmplz's rule: n4 = 0 gives D3+ = 3);
     - p(w | h) = (a(hw) - D(a(hw))) / a(h.) + gamma(h) p(w | h minus its first word), gamma(h) the discounted
       mass over a(h.); a history never followed by anything passes to the shorter one; below the unigrams
       the uniform distribution over every word but `<s>`.
@@ -76,10 +76,10 @@ class BruteKN:
     @staticmethod
     def discounts(adjusted: list[int]) -> tuple[float, ...]:
         n = [sum(1 for a in adjusted if a == j) for j in (1, 2, 3, 4)]
-        if all(n):
+        if all(n[:3]):
             y = n[0] / (n[0] + 2 * n[1])
             d = [j - (j + 1) * y * n[j] / n[j - 1] for j in (1, 2, 3)]
-            if all(0 < dj <= j for j, dj in zip((1, 2, 3), d)):
+            if all(0 <= dj <= j for j, dj in zip((1, 2, 3), d)):
                 return (0.0, *d)
         return (0.0, *FALLBACK)
 
