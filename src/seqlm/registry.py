@@ -156,7 +156,8 @@ Family = NeuralFamily | CountFamily | MixtureFamily
 
 FAMILIES: dict[str, Family] = {
     "kn": CountFamily(
-        summary="interpolated modified Kneser-Ney n-gram model (KenLM-exact), ARPA in and out",
+        summary="n-gram model: interpolated modified Kneser-Ney (KenLM-exact) or, with --smoothing, Witten-Bell, "
+                "Katz, absolute, additive or original KN; ARPA in and out",
         config=kn.KNConfig, estimate=kn.estimate_kn, save_model=kn.save_kn, load_model=kn.load_kn,
     ),
     "fnn": NeuralFamily(
