@@ -187,5 +187,9 @@ def test_refusals_are_one_line(exported, corpus, tmp_path, capsys):
     assert onnx.read_bytes() == before
     code, _, err = run(capsys, "export", d, "--onnx", d / "weights.safetensors", "--force")  # never an input
     assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert main(["quantize", str(d), "--out", str(tmp_path / "int8")]) == 0
+    capsys.readouterr()
+    code, _, err = run(capsys, "export", tmp_path / "int8", "--onnx", tmp_path / "int8.onnx")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "int8" in err, err
     code, out, _ = run(capsys, "export", d, "--onnx", onnx, "--force")
     assert code == 0 and json.loads(out)["check"]["max_abs_diff"] < TOL

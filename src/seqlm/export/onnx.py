@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -230,6 +231,9 @@ def export_onnx(model_dir: str | Path, out: str | Path, force: bool = False) -> 
     if model.family not in STEPS:
         raise SeqlmError(f"export --onnx: {model.family} models are not exported; the families that are: "
                          f"{', '.join(STEPS)}")
+    if "quantization" in ckpt.read_json(Path(model_dir, ckpt.CONFIG)):  # torch's int8 layers have no ONNX form
+        raise SeqlmError("export --onnx: this is an int8 model (seqlm quantize); export the float model it was "
+                         "made from")
     claim_output(out, force, "--onnx", inputs=[model_dir, *(Path(model_dir, name) for name in MODEL_FILES)])
     step = STEPS[model.family](model).eval()
     program = _export(step, model.family)
@@ -252,7 +256,7 @@ def _export(step: _Step, family: str) -> Any:
                                      input_names=list(step.inputs), output_names=list(step.outputs),
                                      dynamic_shapes=step.dynamic_shapes())
     except Exception as e:  # a layer the exporter has no ONNX for (int8, sparse codes): one line, not a trace
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[0] if str(e).strip() else ""
         raise SeqlmError(f"this {family} model could not be exported to ONNX ({type(e).__name__}: {first})") from None
 
 
