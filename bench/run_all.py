@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["kn_ptb.py", "fofe_ptb.py", "fofe_alpha.py", "fofe_speed.py", "fofe_collisions.py", "rnnlm_ptb.py",
-           "rnn_speed.py", "ddp.py"]
+SCRIPTS = ["kn_ptb.py", "smoothing.py", "fofe_ptb.py", "fofe_alpha.py", "fofe_speed.py", "fofe_collisions.py",
+           "rnnlm_ptb.py", "rnn_speed.py", "ddp.py", "advance.py", "export.py", "shared_memory.py"]
 
 for script in SCRIPTS:
     if (HERE / script).exists():
