@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first (its wheel is on this machine), so nothing pulls a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,kenlm,ctc,onnx]'  # the peers the tests check against (kenlm, pyctcdecode: numpy<2; onnxruntime)
+	$(PY) -m pip install -q -e '.[test,kenlm,ctc,onnx,tokenizers]'  # the peers the tests check against (kenlm, pyctcdecode: numpy<2; onnxruntime; sentencepiece, tokenizers)
 	touch $@
 
 run: $(VENV)/.installed

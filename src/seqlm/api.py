@@ -14,6 +14,7 @@ from torch import nn
 from seqlm import checkpoint as ckpt
 from seqlm.config import DataConfig, from_dict
 from seqlm.data.corpus import tokenize_raw
+from seqlm.data.tokenizers import files_vocab, read_tokens, stored_data
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.eval.generate import sample
@@ -29,11 +30,13 @@ def save(model: Any, out: str | Path, data: DataConfig | None = None) -> None:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    family(model.family).save(model, out)
-    model.vocab.save(out / ckpt.VOCAB)
     if data is not None:
         model.data_config = data
-    ckpt.write_json(out / ckpt.CONFIG, model_meta(model))
+    with files_vocab(model):  # a NeMo-encoded n-gram model's files name its pieces by their ids
+        family(model.family).save(model, out)
+    model.vocab.save(out / ckpt.VOCAB)
+    stored = stored_data(model.data_config, out)  # --unit token: the tokenizer goes into the directory
+    ckpt.write_json(out / ckpt.CONFIG, model_meta(model) | ({"data": asdict(stored)} if stored else {}))
 
 
 def model_meta(model: LanguageModel) -> dict[str, Any]:
@@ -45,8 +48,10 @@ def model_meta(model: LanguageModel) -> dict[str, Any]:
     return meta | {"text": asdict(model.text_spec()), "capabilities": asdict(model.capabilities())}
 
 
-def load(path: str | Path) -> LanguageModel:
-    """A model directory written by seqlm, or an n-gram file: ARPA (KenLM, SRILM, seqlm), seqlm's binary or KenLM's."""
+def load(path: str | Path, data: DataConfig | None = None) -> LanguageModel:
+    """A model directory written by seqlm, or an n-gram file: ARPA (KenLM, SRILM, seqlm), seqlm's binary or KenLM's.
+    `data`: how an n-gram file's words read text (a file has no config.json), e.g. a NeMo token model:
+    DataConfig(unit="token", tokenizer="tokenizer.model", arpa_encoding="nemo-offset"); words by default."""
     from seqlm.registry import family
 
     path = Path(path)
@@ -59,10 +64,14 @@ def load(path: str | Path) -> LanguageModel:
 
         model = load_ngram_file(path)
         model.family, model.config = "kn", KNConfig(order=model.order)
-        model.data_config = DataConfig()  # an ARPA file's words are whitespace-separated tokens
+        model.data_config = data or DataConfig()  # an ARPA file's words are whitespace-separated tokens
+        read_tokens(model, None)
         return model
     if not path.is_dir():
         raise SeqlmError(f"{path}: no such model directory (train one with `seqlm train --out {path}`)")
+    if data is not None and data != DataConfig():
+        raise SeqlmError(f"{path}: a model directory states how it reads text (config.json); --tokenizer and "
+                         "--arpa-encoding are for n-gram files")
     meta = ckpt.read_json(path / ckpt.CONFIG, "config.json")
     if not isinstance(meta, dict) or "family" not in meta or "model" not in meta:
         raise SeqlmError(f"{path / ckpt.CONFIG}: not a seqlm config (needs 'family' and 'model')")
@@ -77,6 +86,7 @@ def load(path: str | Path) -> LanguageModel:
         model = fam.load(path, cfg, vocab)
     model.family, model.config = meta["family"], cfg
     model.data_config = from_dict(DataConfig, meta.get("data", {}))
+    read_tokens(model, path)  # --unit token: the directory's tokenizer; NeMo-encoded words back to pieces
     if model.vocab != vocab:
         raise SeqlmError(f"{path}: vocab.txt does not match the model file; the directory mixes two models")
     return model

@@ -47,6 +47,18 @@ def _text_stream(model, args, path: Path | None = None):
     return encode_text(model, path or text_path(args.text, args.data, args.split), raw=args.raw)
 
 
+def _file_reading(args: argparse.Namespace):
+    """eval/score of an n-gram file: how its words read text (--tokenizer, --arpa-encoding, --arpa-offset)."""
+    from seqlm.config import DataConfig, apply_overrides
+
+    given = {k: getattr(args, k) for k in ("tokenizer", "arpa_encoding", "arpa_offset") if getattr(args, k) is not None}
+    if not given:
+        return None
+    data = DataConfig()
+    apply_overrides([data], given | ({"unit": "token"} if args.tokenizer else {}))
+    return data
+
+
 def _check_peeking(args: argparse.Namespace) -> None:
     """eval/score/rescore/interpolate (the commands with --allow-peek): refuse a model that peeks at the scored
     text (dae) unless --allow-peek; then say on stderr what its figure is, and keep it for the JSON output."""
@@ -81,7 +93,7 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
     import seqlm
     from seqlm.eval.perplexity import evaluate
 
-    model = seqlm.load(args.model_dir)
+    model = seqlm.load(args.model_dir, _file_reading(args))
     if args.iterations is not None:  # another history rule for an Elman model (seqlm.models.afp)
         from seqlm.models.afp import parse_iterations, with_iterations
         model = with_iterations(model, parse_iterations(args.iterations))
@@ -104,7 +116,7 @@ def cmd_score(args: argparse.Namespace, rest: list[str]) -> None:
     from seqlm.data.datasets import text_path
     from seqlm.eval.perplexity import LOG10, score_tokens
 
-    model = seqlm.load(args.model_dir)
+    model = seqlm.load(args.model_dir, _file_reading(args))
     with tempfile.TemporaryDirectory() as tmp:
         path = text_path(args.text, args.data, args.split)
         if not path.is_file():  # standard input or a pipe: read twice (sentences, then lines)
@@ -267,6 +279,11 @@ def _text_args(q: argparse.ArgumentParser) -> None:
     q.add_argument("--raw", action="store_true", default=None, help="untokenised text (see docs); text is "
                    "read the way the model was trained, so this only confirms a model trained with --raw")
     q.add_argument("--allow-peek", action="store_true", help=ALLOW_PEEK)
+    q.add_argument("--tokenizer", metavar="MODEL", help="an n-gram file over subword tokens: their tokenizer (a "
+                   "model directory has its own)")
+    q.add_argument("--arpa-encoding", choices=["plain", "nemo-offset"], help="with --tokenizer: nemo-offset reads "
+                   "NeMo's token ARPA, each word chr(tokenizer id + --arpa-offset)")
+    q.add_argument("--arpa-offset", type=int, metavar="N", help="nemo-offset's offset (default 100, NeMo's)")
 
 
 def _add_eval_score(sub) -> None:
@@ -410,6 +427,13 @@ def _add_export(sub) -> None:
     ex.set_defaults(func=cmd_export)
 
 
+def _add_tokenizer(sub) -> None:
+    """`seqlm tokenizer train|encode|decode`: subword tokenizers for --unit token (seqlm.data.tokenizer_commands)."""
+    from seqlm.data.tokenizer_commands import add_tokenizer_commands
+
+    add_tokenizer_commands(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from seqlm.about import VersionAction
 
@@ -418,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "loops run, and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_add_train, _add_eval_score, _add_generate_info, _add_tools, _add_interpolate, _add_rescore,
-                _add_model_tools, _add_export):
+                _add_model_tools, _add_export, _add_tokenizer):
         add(sub)
     return p
 

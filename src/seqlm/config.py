@@ -97,21 +97,47 @@ class DataConfig:
     max_vocab: int | None = None  # None = keep every word seen min_count times
     min_count: int = 1  # words seen fewer times in the training text become <unk>
     raw: bool = False  # untokenised text: see seqlm.data.corpus.tokenize_raw
-    unit: str = "word"  # word | char: characters, with `_` between words (character-level PTB)
+    # word | char: characters, with `_` between words (character-level PTB) | token: --tokenizer's pieces
+    unit: str = "word"
+    # --unit token: a sentencepiece .model or a Hugging Face tokenizer.json (or a directory holding one); copied
+    # into the model directory
+    tokenizer: str = ""
     # a fixed vocabulary: a file with one word (unit) a line, any count after a tab ignored (a model's vocab.txt
     # works); words outside it are <unk> (kn: counted, then pruned: lmplz --limit_vocab_file); "" = built from the text
     vocab: str = ""
     unk: str = "map"  # map: a word outside the vocabulary is <unk> | none: a closed vocabulary (kn), it is an error
+    # kn --unit token: plain (the pieces as words) | nemo-offset: each piece as chr(tokenizer id + --arpa-offset),
+    # the ARPA a NeMo / pyctcdecode token KenLM model holds
+    arpa_encoding: str = "plain"
+    arpa_offset: int = 100  # nemo-offset: added to the tokenizer's id (NeMo's DEFAULT_TOKEN_OFFSET)
+
+    # Options one encoding alone reads (apply_overrides refuses them, given, under another).
+    USED_BY: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {"arpa_offset": ("arpa_encoding", ("nemo-offset",))}
 
     def __post_init__(self) -> None:
-        _choice("unit", self.unit, ("word", "char"))
+        _choice("unit", self.unit, ("word", "char", "token"))
         _choice("unk", self.unk, ("map", "none"))
+        _choice("arpa_encoding", self.arpa_encoding, ("plain", "nemo-offset"))
+        self._check_tokens()
         if self.max_vocab is not None and self.max_vocab < 2:
             raise SeqlmError(f"--max-vocab must be at least 2 (</s> and <unk> are always in), got {self.max_vocab}")
         _positive(self, "min_count")
         if self.vocab and (self.max_vocab is not None or self.min_count != 1):
             raise SeqlmError("--vocab gives the vocabulary; --max-vocab and --min-count choose one from the training "
                              "text: give one or the other")
+
+    def _check_tokens(self) -> None:
+        """--tokenizer goes with --unit token (and back); NeMo's encoding is of a tokenizer's ids."""
+        if (self.unit == "token") != bool(self.tokenizer):
+            raise SeqlmError("--unit token reads text through --tokenizer MODEL: give both (--tokenizer is for "
+                             f"--unit token only; here --unit {self.unit})")
+        if self.unit == "token" and self.raw:
+            raise SeqlmError("--raw splits text by seqlm's own rule; under --unit token the tokenizer reads each "
+                             "line as it is: drop --raw")
+        if self.arpa_encoding != "plain" and self.unit != "token":
+            raise SeqlmError(f"--arpa-encoding {self.arpa_encoding} writes tokenizer ids: it needs --unit token "
+                             "--tokenizer MODEL")
+        _non_negative(self, "arpa_offset")
 
 
 # Old key -> new key, for config.json files, flags and YAML written before a rename (one name per concept

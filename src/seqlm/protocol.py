@@ -37,6 +37,7 @@ from torch import Tensor
 
 from seqlm.config import DataConfig
 from seqlm.data.corpus import TokenStream, encode_file, encode_sentences
+from seqlm.data.tokenizers import token_hash, units_of
 from seqlm.data.vocab import BOS, Vocab
 from seqlm.errors import SeqlmError
 
@@ -194,7 +195,7 @@ def context_order(model: LanguageModel) -> int | None:
 # The contract: what a model declares about its text and what it can do. Every command asks these, never a
 # family name or an attribute that may be missing.
 
-UNITS = ("word", "char")
+UNITS = ("word", "char", "token")
 
 
 @dataclass(frozen=True)
@@ -206,23 +207,26 @@ class TextSpec:
     skipped, and `seqlm score` prints an empty line for each, so its output lines up with its input.
     """
 
-    unit: str = "word"  # word | char: characters, with `_` between words
+    unit: str = "word"  # word | char: characters, with `_` between words | token: a tokenizer's pieces
     raw: bool = False  # untokenised text, split by seqlm.data.corpus.tokenize_raw
     vocab_size: int = 0
     vocab_hash: str = ""  # sha256 of the vocabulary's tokens in id order (first 16 hex digits)
     unk: str = "map"  # map: a word outside the vocabulary is scored as <unk>; none: it is an error (kn)
     blank_lines: str = "skip"  # skip: a blank line is no sentence (see the class docstring)
+    tokenizer_hash: str = ""  # unit token: sha256 of the tokenizer file (first 16 hex digits); "" otherwise
 
     @staticmethod
-    def of(vocab: Vocab, unit: str = "word", raw: bool = False, unk: str = "map") -> TextSpec:
-        return TextSpec(unit, raw, len(vocab), vocab_hash(vocab), unk)
+    def of(vocab: Vocab, unit: str = "word", raw: bool = False, unk: str = "map", tokenizer_hash: str = "") -> TextSpec:
+        return TextSpec(unit, raw, len(vocab), vocab_hash(vocab), unk, tokenizer_hash=tokenizer_hash)
 
     def same_reading(self, other: TextSpec) -> bool:
         """Whether both read a line of text into the same tokens (vocabularies aside)."""
-        return (self.unit, self.raw, self.blank_lines) == (other.unit, other.raw, other.blank_lines)
+        return ((self.unit, self.raw, self.blank_lines, self.tokenizer_hash) ==
+                (other.unit, other.raw, other.blank_lines, other.tokenizer_hash))
 
     def describe(self) -> str:
-        return f"{self.unit} units from {'raw' if self.raw else 'tokenised'} text"
+        unit = f"token units of tokenizer {self.tokenizer_hash}" if self.unit == "token" else f"{self.unit} units"
+        return f"{unit} from {'raw' if self.raw else 'tokenised'} text"
 
 
 def vocab_hash(vocab: Vocab) -> str:
@@ -256,7 +260,7 @@ class LMBase:
 
     def text_spec(self) -> TextSpec:
         data = self.data_config or DataConfig()
-        return TextSpec.of(self.vocab, data.unit, data.raw, data.unk)
+        return TextSpec.of(self.vocab, data.unit, data.raw, data.unk, token_hash(data))
 
     def context_window(self) -> int | None:
         """How many of the latest inputs (the start symbol counted) a prediction can depend on; None: all of
@@ -384,9 +388,9 @@ def encode_text(model: LanguageModel, path: str | Path, raw: bool | None = None)
     """A text file as the model reads text (its unit, raw or not): the one reader every command uses. `raw`
     is what the user asked for (None: the model's own setting); a different one is refused."""
     spec = require(model, raw=raw)
-    return encode_file(path, model.vocab, spec.raw, unit=spec.unit)
+    return encode_file(path, model.vocab, spec.raw, unit=units_of(spec))
 
 
 def encode_lines(model: LanguageModel, sentences: list[list[str]]) -> TokenStream:
     """In-memory sentences (lists of words: the API, n-best hypotheses) as the model reads them."""
-    return encode_sentences(sentences, model.vocab, unit=model.text_spec().unit)
+    return encode_sentences(sentences, model.vocab, unit=units_of(model.text_spec()))

@@ -23,12 +23,16 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from seqlm.data.native import tokens
 from seqlm.data.vocab import EOS, Vocab
 from seqlm.errors import SeqlmError
+
+if TYPE_CHECKING:
+    from seqlm.data.tokenizers import Tokenizer
 
 SPLITS = ("train", "valid", "test")
 
@@ -41,9 +45,16 @@ _TOKEN = re.compile(r"\w+(?:[-'.,]\w+)*|[^\w\s]")
 WORD_SEP = "_"  # --unit char: the token between words, as in the usual character-level PTB
 
 
-def as_units(tokens: list[str], unit: str) -> list[str]:
-    """A sentence as the units a model reads: its words, or (`char`) its characters with `_` between words."""
-    return tokens if unit == "word" else list(WORD_SEP.join(tokens))
+def as_units(tokens: list[str], unit: str | Tokenizer) -> list[str]:
+    """A sentence as the units a model reads: its words, (`char`) its characters with `_` between words, or the
+    pieces a Tokenizer (seqlm.data.tokenizers, --unit token) makes of them."""
+    if unit == "word":
+        return tokens
+    if unit == "char":
+        return list(WORD_SEP.join(tokens))
+    if isinstance(unit, str):  # the name alone: the tokenizer is the model's (seqlm.data.tokenizers.units_of)
+        raise SeqlmError(f"this command cannot read --unit {unit} text yet: it needs the model's tokenizer")
+    return unit.pieces(tokens)
 
 
 def tokenize_raw(line: str) -> list[list[str]]:
@@ -63,7 +74,7 @@ def _check_readable(path: Path) -> None:
         raise SeqlmError(f"{path}: no such file")
 
 
-def read_sentences(path: str | Path, raw: bool = False, unit: str = "word") -> Iterator[list[str]]:
+def read_sentences(path: str | Path, raw: bool = False, unit: str | Tokenizer = "word") -> Iterator[list[str]]:
     """Yield sentences (token lists; characters with `unit="char"`). Blank lines are skipped. Errors name the
     file and line."""
     for block in read_blocks(path, raw, unit):
@@ -73,15 +84,17 @@ def read_sentences(path: str | Path, raw: bool = False, unit: str = "word") -> I
 BLOCK = 1 << 20  # bytes of text decoded and split at once (whole lines: a block ends at a newline)
 
 
-def read_blocks(path: str | Path, raw: bool = False, unit: str = "word") -> Iterator[list[list[str]]]:
+def read_blocks(path: str | Path, raw: bool = False, unit: str | Tokenizer = "word") -> Iterator[list[list[str]]]:
     """read_sentences a block of lines at a time: Python's per-line work (decoding, the NUL check) runs
     once a block, and a caller can encode a block's words in one pass."""
     for _, text in _text_blocks(path):
         lines = text.split("\n")  # the lines binary iteration gives (str.splitlines also cuts at \r, ...)
         if raw:
             yield [as_units(t, unit) for line in lines for t in tokenize_raw(line)]
-        else:
+        elif isinstance(unit, str):
             yield [as_units(toks, unit) for line in lines if (toks := line.split())]
+        else:  # a tokenizer encodes a block's lines in one call
+            yield unit.pieces_batch([line for line in lines if line.split()])
 
 
 def sentences_per_line(path: str | Path, raw: bool = False) -> np.ndarray:
@@ -113,7 +126,7 @@ def _text_blocks(path: str | Path) -> Iterator[tuple[bytes, str]]:
         raise SeqlmError(f"{path}: cannot read ({e})") from None
 
 
-def id_blocks(path: str | Path, raw: bool, unit: str, table: dict[str, int], grow: bool, unk: int,
+def id_blocks(path: str | Path, raw: bool, unit: str | Tokenizer, table: dict[str, int], grow: bool, unk: int,
               eos: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The text's sentences a block at a time as (ids (n,) int32 with `eos` after every sentence, the end of
     each sentence in them (S,) int64): each word looked up in `table`, a new one added with the next id
@@ -136,7 +149,8 @@ def id_blocks(path: str | Path, raw: bool, unit: str, table: dict[str, int], gro
         yield ids, ends
 
 
-def closed_id_blocks(path: str | Path, raw: bool, unit: str, vocab: Vocab) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def closed_id_blocks(path: str | Path, raw: bool, unit: str | Tokenizer,
+                     vocab: Vocab) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """id_blocks for a closed vocabulary (--unk none): the first word outside it is an error naming the word and
     its line. Looked up by Python, line by line, to know the line (standard input cannot be read again)."""
     lineno = 0  # lines before this block
@@ -170,7 +184,7 @@ def _decoded(path: Path, data: bytes, lineno: int) -> str:
     return text
 
 
-def count_words(path: str | Path, raw: bool = False, unit: str = "word") -> Counter:
+def count_words(path: str | Path, raw: bool = False, unit: str | Tokenizer = "word") -> Counter:
     """Word counts of a training file, one streaming pass; `</s>` counted once per sentence."""
     counter: Counter = Counter()
     sentences = 0
@@ -189,6 +203,8 @@ class TokenStream:
 
     ids: np.ndarray
     starts: np.ndarray
+    # --unit token: the text's white-space words (</s> not counted), for eval's ppl_per_word; None otherwise
+    words: int | None = None
 
     @property
     def num_sentences(self) -> int:
@@ -205,7 +221,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SEQLM_CACHE", Path.home() / ".cache" / "seqlm"))
 
 
-def _cache_key(path: Path, vocab: Vocab, raw: bool, unit: str = "word") -> str:
+def _cache_key(path: Path, vocab: Vocab, raw: bool, unit: str | Tokenizer = "word") -> str:
     st = path.stat()
     mode = f"{raw}" if unit == "word" else f"{raw}|{unit}"  # word-level keys as before: old caches stay valid
     h = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{mode}|v2".encode())
@@ -270,7 +286,7 @@ def _finish(work: Path, n_tok: int, paths: tuple[Path, Path] | None) -> TokenStr
     return TokenStream(np.load(ids_path, mmap_mode="r"), np.load(starts_path, mmap_mode="r"))
 
 
-def _cache_paths(path: Path, vocab: Vocab, raw: bool, unit: str = "word") -> tuple[Path, Path]:
+def _cache_paths(path: Path, vocab: Vocab, raw: bool, unit: str | Tokenizer = "word") -> tuple[Path, Path]:
     key = _cache_key(path, vocab, raw, unit)
     cdir = cache_dir() / "ids"
     return cdir / f"{key}.ids.npy", cdir / f"{key}.starts.npy"
@@ -281,10 +297,26 @@ def _empty(path: Path) -> SeqlmError:
 
 
 def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bool = True,
-                unit: str = "word") -> TokenStream:
-    """Encode a text file with `vocab`, streaming, and cache the ids as memory-mapped .npy arrays."""
+                unit: str | Tokenizer = "word") -> TokenStream:
+    """Encode a text file with `vocab`, streaming, and cache the ids as memory-mapped .npy arrays. Pieces of a
+    tokenizer come with the text's word count (TokenStream.words), a text read once spooled to read it twice."""
     path = Path(path)
     _check_readable(path)
+    if isinstance(unit, str):
+        return _encode_file(path, vocab, raw, use_cache, unit)
+    if path.is_file():
+        return _with_words(_encode_file(path, vocab, raw, use_cache, unit), path)
+    with tempfile.TemporaryDirectory(prefix="seqlm-text-") as tmp:
+        text = spool(path, Path(tmp) / "text")
+        return _with_words(_encode_file(text, vocab, raw, False, unit), text)
+
+
+def _with_words(stream: TokenStream, path: Path) -> TokenStream:
+    words = sum(len(text.split()) for _, text in _text_blocks(path))
+    return TokenStream(stream.ids, stream.starts, words)
+
+
+def _encode_file(path: Path, vocab: Vocab, raw: bool, use_cache: bool, unit: str | Tokenizer) -> TokenStream:
     use_cache = use_cache and path.is_file()  # a pipe or stdin can be read only once: never cached
     ids_path, starts_path = _cache_paths(path, vocab, raw, unit) if use_cache else (cache_dir() / "ids" / "-", None)
     if use_cache and ids_path.exists() and starts_path.exists():
@@ -302,7 +334,7 @@ def encode_file(path: str | Path, vocab: Vocab, raw: bool = False, use_cache: bo
 
 
 def build_vocab(path: str | Path, raw: bool = False, max_vocab: int | None = None, min_count: int = 1,
-                unit: str = "word", use_cache: bool = True, fixed: list[str] | None = None,
+                unit: str | Tokenizer = "word", use_cache: bool = True, fixed: list[str] | None = None,
                 outside: bool = False) -> Vocab:
     """The training vocabulary, built in one streaming pass that also leaves the encoded text in the cache.
 
@@ -378,13 +410,13 @@ def spool(src: Path, dest: Path) -> Path:
 
 
 def build_vocab_and_encode(path: str | Path, raw: bool = False, max_vocab: int | None = None,
-                           min_count: int = 1, unit: str = "word") -> tuple[Vocab, TokenStream]:
+                           min_count: int = 1, unit: str | Tokenizer = "word") -> tuple[Vocab, TokenStream]:
     """`build_vocab` and the encoded (memory-mapped) training text: one pass over the file."""
     vocab = build_vocab(path, raw, max_vocab, min_count, unit)
     return vocab, encode_file(path, vocab, raw, unit=unit)
 
 
-def encode_sentences(sentences: list[list[str]], vocab: Vocab, unit: str = "word") -> TokenStream:
+def encode_sentences(sentences: list[list[str]], vocab: Vocab, unit: str | Tokenizer = "word") -> TokenStream:
     """Encode in-memory sentences (API use, n-best lists) without touching the cache."""
     ids: list[int] = []
     starts = [0]
@@ -393,4 +425,5 @@ def encode_sentences(sentences: list[list[str]], vocab: Vocab, unit: str = "word
         ids.extend([vocab.known(u, f"sentence {i}: ") for u in units] if vocab.closed else vocab.encode(units))
         ids.append(vocab.eos_id)
         starts.append(len(ids))
-    return TokenStream(np.asarray(ids, dtype=np.int32), np.asarray(starts, dtype=np.int64))
+    words = None if isinstance(unit, str) else sum(len(s) for s in sentences)
+    return TokenStream(np.asarray(ids, dtype=np.int32), np.asarray(starts, dtype=np.int64), words)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqlm.data.tokenizers import units_of
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import model_device
 from seqlm.protocol import LanguageModel, State, select_state
@@ -110,8 +111,11 @@ def beam_search(model: LanguageModel, beam: int, max_len: int = 100,
     return sorted(done, key=lambda h: -h.logp)[:beam] if done else live
 
 
-def detokenize(tokens: list[str], unit: str = "word") -> str:
-    """Tokens as text: words joined by spaces, or characters joined with `_` read as a space."""
+def detokenize(tokens: list[str], unit: Any = "word") -> str:
+    """Tokens as text: words joined by spaces, characters joined with `_` read as a space, or pieces joined by
+    their tokenizer's decode (a seqlm.data.tokenizers.Tokenizer as `unit`)."""
+    if not isinstance(unit, str):
+        return unit.decode(tokens)
     return " ".join(tokens) if unit == "word" else "".join(tokens).replace("_", " ")
 
 
@@ -130,7 +134,7 @@ def run_generate(args: Any) -> list[str]:
         why = "--beam searches for the most probable sentences, nothing is sampled"
         _unused("--temperature", args.temperature, 1.0, why)
         _unused("--seed", args.seed, 0, why)
-    unit = model.text_spec().unit
+    unit = units_of(model.text_spec())
     if args.beam:
         hyps = beam_search(model, args.beam, args.max_len)[: args.num]
         return [detokenize(model.vocab.decode(h.ids), unit) for h in hyps]
@@ -175,7 +179,7 @@ def run_dae_generate(model: Any, args: Any) -> list[str]:
     if args.latent:
         _unused("--seed", args.seed, 0, "--latent gives the code and a beam search decodes it, nothing is sampled")
     model.eval()
-    unit = model.text_spec().unit
+    unit = units_of(model.text_spec())
     beam = args.beam or 4
     if args.latent:
         hyps = decode_code(model, _parse_code(args.latent, model.bits), beam, args.max_len)[: args.num]

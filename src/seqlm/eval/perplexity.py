@@ -35,6 +35,7 @@ from seqlm.data.batching import (
     stream_batches,
 )
 from seqlm.data.corpus import TokenStream
+from seqlm.errors import SeqlmError
 from seqlm.protocol import LanguageModel, StreamingModel, model_device, stream_refusal
 
 LOG10 = math.log(10.0)
@@ -161,7 +162,9 @@ def evaluate(model: LanguageModel, stream: TokenStream, stream_mode: bool = Fals
     window = model.capabilities().window
     if window is not None and int(stream.lengths().max(initial=0)) + 1 > window:  # some history slid
         result["window"] = window
-    rates = char_rates(stream, model.vocab, total) if model.text_spec().unit == "char" else {}
+    unit = model.text_spec().unit
+    rates = (char_rates(stream, model.vocab, total) if unit == "char" else
+             token_rates(stream, total) if unit == "token" else {})
     result.update(rates)
     # One figure that compares models of any unit: the same log-probability over the text's words and </s>.
     result["ppl_per_word"] = rates.get("word_ppl", result["ppl"])
@@ -177,3 +180,13 @@ def char_rates(stream: TokenStream, vocab, total: float) -> dict:
     bits = -total / math.log(2.0)
     return {"bpc": bits / len(stream.ids), "bits_per_word": bits / words, "word_ppl": math.exp(-total / words),
             "words": words}
+
+
+def token_rates(stream: TokenStream, total: float) -> dict:
+    """A subword model's figures per word of the same text: its words counted from the text itself (white-space
+    words of each line, TokenStream.words) and one `</s>` per sentence, as a word model's `ppl` counts them."""
+    if stream.words is None:
+        raise SeqlmError("a subword model's text must be read with its tokenizer (seqlm.protocol.encode_text), "
+                         "which counts the text's words for ppl_per_word")
+    words = stream.words + stream.num_sentences
+    return {"bits_per_word": -total / math.log(2.0) / words, "word_ppl": math.exp(-total / words), "words": words}

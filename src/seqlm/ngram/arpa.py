@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import re
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,8 +74,21 @@ def _header(path: Path, lines: list[str]) -> tuple[list[int], int]:
     return sizes, i
 
 
+# KenLM reads an ARPA line as bytes, its fields separated by ASCII white space alone: a word may be any other
+# character, e.g. NeMo's token words chr(id + 100), among them U+0085 and U+00A0, where str.split() would cut.
+_ODD_SPACE = re.compile(r"[^\S \t\n\r\f\v]")
+_ASCII_SPACE = re.compile(r"[ \t\n\r\f\v]+")
+
+
+def _splitter(text: str):
+    """str.split, unless the text holds white space that is not ASCII: then a split at ASCII white space only."""
+    if text.isascii() or _ODD_SPACE.search(text) is None:
+        return str.split
+    return lambda line: [f for f in _ASCII_SPACE.split(line) if f]
+
+
 def _section(
-    path: Path, lines: list[str], i: int, k: int, size: int, order: int
+    path: Path, lines: list[str], i: int, k: int, size: int, order: int, split=str.split
 ) -> tuple[list[list[str]], int]:
     """The split entries of the `\\k-grams:` section starting at or after line i, and the line after it."""
     while i < len(lines) and not lines[i].strip():
@@ -85,7 +99,7 @@ def _section(
     after = lines[end].strip() if end < len(lines) else ""
     if end > len(lines) or (after and not after.startswith("\\")):
         _check_count(path, lines, start, k, size)
-    fields = [line.split() for line in lines[start:end]]
+    fields = [split(line) for line in lines[start:end]]
     widths = np.fromiter(map(len, fields), dtype=np.int64, count=len(fields))  # (M_k,)
     bad = np.flatnonzero((widths != k + 1) & ((widths != k + 2) | (k == order)))
     if len(bad):
@@ -141,14 +155,15 @@ def read_arpa(path: str | Path) -> ArpaData:
 
 
 def _parse(path: Path) -> ArpaData:
-    lines = _read_text(path).split("\n")
+    text = _read_text(path)
+    lines, split = text.split("\n"), _splitter(text)
     sizes, i = _header(path, lines)
     order = len(sizes)
     tokens: list[str] = []
     stoi: dict[str, int] = {}
     grams, probs, backoffs = [], [], []
     for k, size in enumerate(sizes, 1):
-        fields, i = _section(path, lines, i, k, size, order)
+        fields, i = _section(path, lines, i, k, size, order, split)
         probs.append(_numbers(path, k, [f[0] for f in fields]))
         if k < order:
             backoffs.append(_numbers(path, k, [f[k + 1] if len(f) == k + 2 else "0" for f in fields]))

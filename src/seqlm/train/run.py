@@ -31,11 +31,13 @@ from seqlm.config import (
 )
 from seqlm.data.corpus import build_vocab, encode_file, spool, stdin_is_input
 from seqlm.data.datasets import corpus_splits
+from seqlm.data.tokenizers import reading, token_hash
 from seqlm.data.vocab import Vocab, read_word_list
 from seqlm.errors import ERROR_DIR_ENV, SeqlmError
 from seqlm.eval.perplexity import evaluate
 from seqlm.models.kn import KNConfig
 from seqlm.outputs import claim_output, clear_model
+from seqlm.protocol import encode_text
 from seqlm.registry import DEFAULT_FAMILY, CountFamily, NeuralFamily, Splits, family, new_model
 from seqlm.train.loop import fit
 from seqlm.train.resume import check_resumable, mark_untrained, run_status
@@ -65,6 +67,8 @@ def _configs(name: str, out: Path, config_file: str | None, rest: list[str], res
         if meta.get("family") != name:
             raise SeqlmError(f"{out} holds a {meta.get('family')!r} model; resume it with --model {meta.get('family')}")
         cfg, data_cfg = from_dict(fam.config, meta["model"]), from_dict(DataConfig, meta.get("data", {}))
+        if data_cfg.unit == "token":  # the copy in the model directory, named relative to it
+            data_cfg.tokenizer = str(out / data_cfg.tokenizer)
         if hasattr(cfg, "train"):  # --max-minutes bounds one invocation: a resumed run gets its own
             cfg.train.max_minutes = fam.config().train.max_minutes
     else:
@@ -79,9 +83,10 @@ def _configs(name: str, out: Path, config_file: str | None, rest: list[str], res
 
 
 def _model_settings(cfg, data_cfg: DataConfig) -> dict:
-    """Every setting that defines the model and its vocabulary (training settings excluded)."""
+    """Every setting that defines the model and its vocabulary (training settings excluded); a tokenizer by its
+    content (the model directory holds a copy of the file given)."""
     model = {k: v for k, v in to_dict(cfg).items() if k != "train"}
-    return {**model, **to_dict(data_cfg)}
+    return {**model, **to_dict(data_cfg), "tokenizer": token_hash(data_cfg)}
 
 
 def _check_unchanged(out: Path, saved: dict, now: dict) -> None:
@@ -211,6 +216,9 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
         raise SeqlmError(f"--out {out_dir} is a file; give a directory for the model")
     replace = _claim_out(out_dir, resume, force, init_from)
     cfg, data_cfg = _configs(name, out_dir, config_file, rest, resume)  # every flag checked before any work
+    if data_cfg.arpa_encoding != "plain" and not isinstance(cfg, KNConfig):
+        raise SeqlmError(f"--arpa-encoding {data_cfg.arpa_encoding} names the words of an ARPA file: --model kn only")
+    units = reading(data_cfg)  # a tokenizer is loaded (and checked) before any work too
     if resume and isinstance(family(name), NeuralFamily):  # kn re-estimates: the same text, the same model
         check_resumable(out_dir)
     src = _init_source(init_from, resume, name)
@@ -223,10 +231,10 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     if spawn:
         _check_parallel(name, nproc, cfg)
     cache = texts["train"].parent != scratch  # spooled standard input leaves nothing in the cache
-    vocab = _vocabulary(texts["train"], data_cfg, cfg, out_dir if resume else None, cache)
+    vocab = _vocabulary(texts["train"], data_cfg, cfg, out_dir if resume else None, cache, units)
     # Every split is read (and cached) now: a bad test file fails before training, not after it, and
     # `--nproc` workers find the vocabulary and the ids cached instead of each reading the corpus again.
-    train, valid, _ = (encode_file(path, vocab, data_cfg.raw, unit=data_cfg.unit, use_cache=cache)
+    train, valid, _ = (encode_file(path, vocab, data_cfg.raw, unit=units, use_cache=cache)
                        if path else None for path in texts.values())
     if replace:  # the old model goes only now, when the new one is about to be written
         clear_model(out_dir)
@@ -276,7 +284,7 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     return _final_report(name, out_dir, texts, data_cfg, seconds)
 
 
-def _vocabulary(train: Path, data: DataConfig, cfg, resumed: Path | None, cache: bool) -> Vocab:
+def _vocabulary(train: Path, data: DataConfig, cfg, resumed: Path | None, cache: bool, units) -> Vocab:
     """The training vocabulary: a resumed model's own, else built from the text in one streaming pass (counts
     and ids together; the ids land in the cache encode_file reads) or fixed by --vocab. kn counts the words a
     --vocab file lacks and prunes them (lmplz --limit_vocab_file), so it re-reads the text on --resume too.
@@ -290,7 +298,7 @@ def _vocabulary(train: Path, data: DataConfig, cfg, resumed: Path | None, cache:
         vocab = Vocab.load(resumed / ckpt.VOCAB)
     else:
         fixed = _fixed_words(data) if data.vocab else None
-        vocab = build_vocab(train, data.raw, data.max_vocab, data.min_count, data.unit, cache, fixed, outside)
+        vocab = build_vocab(train, data.raw, data.max_vocab, data.min_count, units, cache, fixed, outside)
     vocab.closed = data.unk == "none"
     return vocab
 
@@ -343,10 +351,14 @@ def _final_report(name: str, out_dir: Path, texts: dict[str, Path | None], data_
     for split in ("valid", "test"):
         if texts[split] is None:
             continue
-        r = evaluate(best, encode_file(texts[split], best.vocab, data_cfg.raw, unit=data_cfg.unit))
+        r = evaluate(best, encode_text(best, texts[split]))
         result[f"{split}_ppl"] = r["ppl"]
         result[f"{split}_tokens"] = r["tokens"]
+        if data_cfg.unit == "token":  # the figure that compares units: per word of the text (and </s>)
+            result[f"{split}_ppl_per_word"] = r["ppl_per_word"]
         result["evaluated"].append(split)
+    if data_cfg.arpa_encoding != "plain":
+        result.update(arpa_encoding=data_cfg.arpa_encoding, arpa_offset=data_cfg.arpa_offset)
     ckpt.write_json(out_dir / "results.json", result)
     return result
 
