@@ -268,6 +268,10 @@ def test_other_refusals(setup, tmp_path, capsys):
     code, _, err = run_cli(capsys, "tokenizer", "train", "--text", data / "train.txt", "--vocab-size", "50",
                            "--out", sp_model.parent)
     assert code == 2 and "exists" in err  # an existing tokenizer.model is kept without --force
+    code, _, err = run_cli(capsys, "tokenizer", "encode", "--tokenizer", sp_model, "--vocab-size", "5")
+    assert code == 2 and "--vocab-size is not an option of seqlm tokenizer encode" in err
+    code, _, err = run_cli(capsys, "tokenizer", "train", "--text", data / "train.txt", "--out", tmp_path / "t")
+    assert code == 2 and "needs --vocab-size" in err
     bad = tmp_path / "bad.model"
     bad.write_bytes(b"not a model")
     code, _, err = run_cli(capsys, "tokenizer", "encode", "--tokenizer", bad, "--text", data / "test.txt")

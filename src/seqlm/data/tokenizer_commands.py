@@ -89,8 +89,12 @@ def decode_lines(tok: Tokenizer, text: str | None) -> Iterator[str]:
         yield from (tok.decode(line.split()) for line in lines)
 
 
+TRAIN_ONLY = ("vocab_size", "out", "type", "character_coverage", "whole", "force")
+
+
 def cmd_tokenizer(args: argparse.Namespace, rest: list[str]) -> None:
     """Train a sentencepiece tokenizer, or encode / decode text with a tokenizer."""
+    _check_options(args)
     if args.action == "train":
         given = {k: getattr(args, k) for k in ("type", "character_coverage", "whole") if getattr(args, k) is not None}
         print(json.dumps(train_tokenizer(args.text, args.out, PieceTraining(args.vocab_size, **given), args.force)))
@@ -100,22 +104,34 @@ def cmd_tokenizer(args: argparse.Namespace, rest: list[str]) -> None:
         sys.stdout.write(line + "\n")
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """One parser for the three actions (one option list): each action's own options, checked here."""
+    train = args.action == "train"
+    needed = ("text", "vocab_size", "out") if train else ("tokenizer",)
+    missing = [n for n in needed if getattr(args, n) is None]
+    if missing:
+        raise SeqlmError(f"seqlm tokenizer {args.action} needs --{missing[0].replace('_', '-')}")
+    stray = [n for n in (("tokenizer",) if train else TRAIN_ONLY) if getattr(args, n) not in (None, False)]
+    if stray:
+        raise SeqlmError(f"--{stray[0].replace('_', '-')} is not an option of seqlm tokenizer {args.action}")
+
+
 def add_tokenizer_commands(sub) -> None:
-    """`seqlm tokenizer train|encode|decode` (defaults: PieceTraining)."""
-    tp = sub.add_parser("tokenizer", help=cmd_tokenizer.__doc__)
-    acts = tp.add_subparsers(dest="action", required=True, parser_class=type(tp))
-    tr = acts.add_parser("train", help="train a sentencepiece model into DIR/tokenizer.model (prints JSON)")
-    tr.add_argument("--text", required=True, metavar="FILE", help="training text, one sentence a line (- = stdin)")
-    tr.add_argument("--vocab-size", type=int, required=True, metavar="N", help="pieces, <unk> <s> </s> included")
-    tr.add_argument("--out", required=True, metavar="DIR", help="directory to write tokenizer.model into")
-    tr.add_argument("--type", choices=["unigram", "bpe"], help="sentencepiece model type (default unigram)")
-    tr.add_argument("--character-coverage", type=float, metavar="F", help="share of characters kept (default 1)")
-    tr.add_argument("--whole", metavar="P,P", help="pieces never split (default <unk>: a corpus's own unknown-word "
-                    "token stays whole, read as seqlm's <unk>; '' for none)")
-    tr.add_argument("--force", action="store_true", help="replace an existing DIR/tokenizer.model")
-    for name, what in (("encode", "text -> pieces, one line each"), ("decode", "pieces -> text, one line each")):
-        p = acts.add_parser(name, help=what)
-        p.add_argument("--tokenizer", required=True, metavar="MODEL", help="a sentencepiece .model, a "
-                       "tokenizer.json, or a directory holding one (a model directory)")
-        p.add_argument("--text", metavar="FILE", help="input (default standard input)")
+    """`seqlm tokenizer train|encode|decode` (training defaults: PieceTraining)."""
+    tp = sub.add_parser("tokenizer", help=cmd_tokenizer.__doc__, description="train: a sentencepiece model into "
+                        "DIR/tokenizer.model (prints JSON); encode: text -> pieces; decode: pieces -> text (one "
+                        "output line per input line)")
+    tp.add_argument("action", choices=["train", "encode", "decode"])
+    tp.add_argument("--text", metavar="FILE", help="input text (- or none: standard input, except for train); train: "
+                    "one sentence a line")
+    tp.add_argument("--tokenizer", metavar="MODEL", help="encode/decode: a sentencepiece .model, a tokenizer.json, "
+                    "or a directory holding one (a model directory)")
+    tp.add_argument("--vocab-size", type=int, metavar="N", help="train: pieces, <unk> <s> </s> included")
+    tp.add_argument("--out", metavar="DIR", help="train: directory to write tokenizer.model into")
+    tp.add_argument("--type", choices=["unigram", "bpe"], help="train: sentencepiece model type (default unigram)")
+    tp.add_argument("--character-coverage", type=float, metavar="F", help="train: share of characters kept "
+                    "(default 1)")
+    tp.add_argument("--whole", metavar="P,P", help="train: pieces never split (default <unk>: a corpus's own "
+                    "unknown-word token stays whole, read as seqlm's <unk>; '' for none)")
+    tp.add_argument("--force", action="store_true", help="train: replace an existing DIR/tokenizer.model")
     tp.set_defaults(func=cmd_tokenizer)
