@@ -278,3 +278,27 @@ def test_other_refusals(setup, tmp_path, capsys):
     assert code == 2 and "not a sentencepiece model" in err
     with pytest.raises(SeqlmError, match="--unit token reads text"):
         DataConfig(unit="token")
+
+
+def test_query_refuses_a_token_model_and_quantize_keeps_its_tokenizer(setup, tmp_path, capsys, monkeypatch):
+    """query looks words up as they are, so a token model is refused (not scored as <unk>s); an int8 copy of
+    a token model carries the tokenizer and scores as the float model does (to int8's rounding)."""
+    import io
+
+    data, sp_model, _ = setup
+    code, _, err = run_cli(capsys, "train", "--model", "kn", "--order", "3", "--data", data, "--out", tmp_path / "kn",
+                           "--unit", "token", "--tokenizer", sp_model)
+    assert code == 0, err
+    monkeypatch.setattr("sys.stdin", io.StringIO("the cat sat\n"))
+    code, _, err = run_cli(capsys, "query", tmp_path / "kn")
+    assert code == 2 and "token units" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(capsys, "train", "--model", "lstm", "--data", data, "--out", tmp_path / "lstm", "--unit",
+                           "token", "--tokenizer", sp_model, "--hidden", "8", "--layers", "1", "--max-epochs", "1",
+                           "--seq-len", "8", "--batch-size", "4", "--threads", "1")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "quantize", tmp_path / "lstm", "--out", tmp_path / "int8")
+    assert code == 0, err
+    assert (tmp_path / "int8" / "tokenizer.model").read_bytes() == sp_model.read_bytes()
+    floats = _eval(capsys, tmp_path / "lstm", data / "test.txt")
+    int8 = _eval(capsys, tmp_path / "int8", data / "test.txt")
+    assert int8["tokens"] == floats["tokens"] and int8["ppl"] == pytest.approx(floats["ppl"], rel=0.05)

@@ -18,7 +18,7 @@ from seqlm.errors import SeqlmError
 
 # Everything seqlm writes into a model directory: the model (any family), its training record and state.
 MODEL_FILES = (ckpt.CONFIG, ckpt.VOCAB, ckpt.WEIGHTS, "model.arpa", "model.arpa.gz", "model.bin", "metrics.jsonl",
-               "results.json", "resume")
+               "results.json", "resume", "tokenizer.model", "tokenizer.json")
 
 
 def claim_output(path: str | Path | None, force: bool, what: str, *, directory: bool = False,

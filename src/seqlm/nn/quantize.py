@@ -177,6 +177,9 @@ def quantize_dir(model_dir: str | Path, out: str | Path, force: bool = False) ->
     out.mkdir(parents=True, exist_ok=True)
     ckpt.save_tensors(out / ckpt.WEIGHTS, quantized_tensors(model, q, names))
     shutil.copyfile(model_dir / ckpt.VOCAB, out / ckpt.VOCAB)
+    for name in ("tokenizer.model", "tokenizer.json"):  # a subword model's tokenizer is part of its text
+        if (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, out / name)
     meta["quantization"] = {"scheme": SCHEME, "modules": names}
     ckpt.write_json(out / ckpt.CONFIG, meta)
     size = {d: sum(f.stat().st_size for f in Path(d).iterdir() if f.is_file()) for d in (model_dir, out)}
