@@ -232,6 +232,13 @@ def cmd_quantize(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps(quantize_dir(args.model_dir, args.out, args.force)))
 
 
+def cmd_decode(args: argparse.Namespace, rest: list[str]) -> None:
+    """CTC beam search: label posteriors to transcripts, with any model, mixture or ARPA file as the LM."""
+    from seqlm.decode.command import run
+
+    run(args)
+
+
 def cmd_export(args: argparse.Namespace, rest: list[str]) -> None:
     """Write a model's step function as an ONNX graph, its state as explicit inputs and outputs."""
     from seqlm.export.onnx import export_onnx
@@ -434,6 +441,15 @@ def _add_tokenizer(sub) -> None:
     add_tokenizer_commands(sub)
 
 
+def _add_decode(sub) -> None:
+    """`seqlm decode` (options in seqlm.decode.command)."""
+    from seqlm.decode.command import add_options
+
+    de = sub.add_parser("decode", help=cmd_decode.__doc__, description="See docs/decoding.md.")
+    add_options(de)
+    de.set_defaults(func=cmd_decode)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from seqlm.about import VersionAction
 
@@ -442,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "loops run, and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_add_train, _add_eval_score, _add_generate_info, _add_tools, _add_interpolate, _add_rescore,
-                _add_model_tools, _add_export, _add_tokenizer):
+                _add_model_tools, _add_export, _add_tokenizer, _add_decode):
         add(sub)
     return p
 

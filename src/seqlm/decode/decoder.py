@@ -1,0 +1,209 @@
+"""CTCDecoder: posteriors in, n-best transcripts out, utterances decoded side by side.
+
+Utterances are sorted by length and decoded `batch_size` at a time, frame by frame: at frame f the batch's
+utterances longer than f (the first A of it) take one step of seqlm.decode.search together, so one frame costs
+a few dozen tensor operations whatever the number of beams and utterances, and the LM is asked once per frame
+for all the words that ended in it (seqlm.decode.lmpool).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from seqlm.data.vocab import BOS, EOS
+from seqlm.decode.beams import ROW, Beams
+from seqlm.decode.finish import Hypothesis, finish
+from seqlm.decode.hashing import Symbols
+from seqlm.decode.labels import Labels, check_spelling, token_ids
+from seqlm.decode.lexicon import Hotwords, Lexicon
+from seqlm.decode.lmpool import LMPool
+from seqlm.decode.search import Moves, Search
+from seqlm.errors import SeqlmError
+from seqlm.protocol import LanguageModel, context_order, require
+
+MIN_P = 1e-15  # pyctcdecode's MIN_TOKEN_CLIP_P: log posteriors are clipped at ln 1e-15
+
+
+@dataclass
+class DecodeConfig:
+    """The search's settings; the defaults are pyctcdecode's."""
+
+    alpha: float = 0.5  # LM weight
+    beta: float = 1.5  # bonus per word (token level: per token)
+    beam_width: int = 100
+    beam_prune_logp: float = -10.0  # beams this far below the best go
+    token_min_logp: float = -5.0  # labels below this ln p in a frame are not tried (its best always is)
+    unk_offset: float = -10.0  # log10 added for a word outside the unigrams; a partial word that starts none
+    prune_history: bool = True  # keep only the best of beams alike in their last n - 1 words (pyctcdecode's decode)
+    lm_unit: str = "auto"  # word | token | auto: token for a model of characters (or tokens), else word
+    # unk: a beam ending in a space scores an empty last word, read as <unk> with unk_offset (pyctcdecode's
+    # rule; see seqlm.decode.finish) | ignore: </s> follows its last word, as for any other beam
+    trailing_space: str = "unk"
+    batch_size: int = 64  # utterances decoded side by side
+    nbest: int = 1
+
+    def __post_init__(self) -> None:
+        if self.lm_unit not in ("auto", "word", "token"):
+            raise SeqlmError(f"--lm-unit {self.lm_unit}: choose auto, word or token")
+        if self.trailing_space not in ("unk", "ignore"):
+            raise SeqlmError(f"--trailing-space {self.trailing_space}: choose unk or ignore")
+        for name in ("beam_width", "batch_size", "nbest"):
+            if getattr(self, name) < 1:
+                raise SeqlmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("alpha", "beta", "beam_prune_logp", "token_min_logp", "unk_offset"):
+            if not math.isfinite(getattr(self, name)):
+                raise SeqlmError(f"--{name.replace('_', '-')} must be a finite number")
+
+
+class Tables:
+    """What the search reads: labels as tensors, hashes, tries, the LM pool (one per batch) and the settings."""
+
+    def __init__(self, labels: Labels, lm: LanguageModel | None, cfg: DecodeConfig, unigrams, hotwords,
+                 device: torch.device):
+        self.labels, self.lm, self.cfg, self.device = labels, lm, cfg, device
+        self.starts, self.text_len = labels.tensors(device)
+        self.boundaries = (self.starts & (self.text_len == 0)).nonzero().squeeze(1)  # (S,) spaces, a lone ▁
+        self.word_level = lm is None or _unit(lm, cfg) == "word"
+        strings = Symbols.of_strings(list(labels.texts), device)
+        self.part_hash = strings
+        self.key_hash = strings if self.word_level else Symbols.of_labels(len(labels), device)
+        self.hotwords = Hotwords(hotwords, labels, device) if hotwords else None
+        self.lexicon, self.pool, self.tokens = None, None, None
+        if lm is not None:
+            self._read_lm(lm, unigrams)
+        # at word level with labels of one character, a prefix has one parent prefix (seqlm.decode.search.reach)
+        self.bound_by_prefix = not self.word_level or max(map(len, labels.texts)) <= 1
+        self.hot_max = max([0.0, *hotwords.values()]) if hotwords else 0.0
+        order = context_order(lm) if lm is not None else 1
+        self.prune_history = cfg.prune_history and order is not None
+        self.history = max(1, (order or 1) - 1)  # H: the words of history the LM reads
+
+    def _read_lm(self, lm: LanguageModel, unigrams) -> None:
+        vocab, spec = lm.vocab, lm.text_spec()
+        what = f"the LM ({lm.family}, {spec.describe()})"
+        self.vocab_size, self.eos, self.unk = len(vocab), vocab.eos_id, vocab.unk_id
+        if self.word_level:
+            require(lm, words="seqlm decode --lm-unit word")
+            words = {w: i for i, w in enumerate(vocab.itos) if w not in (BOS, EOS)}
+            check_spelling(self.labels, list(words), what)
+            chosen = set(words) if unigrams is None else set(unigrams)
+            self.lexicon = Lexicon(words, chosen, self.labels, self.device)
+        else:
+            if spec.unit == "char" and any(len(n) != 1 for n in (self.labels.names[i] for i in self.labels.ordinary())):
+                raise SeqlmError(f"{what} reads single characters, and some labels are longer; decode word by word "
+                                 "with an LM of words (--lm-unit word), or with labels of single characters")
+            self.tokens = torch.tensor(token_ids(self.labels, vocab.stoi, spec.unit, what), device=self.device)
+
+    @property
+    def bound(self) -> float | None:
+        """The most a label can add to a beam's LM and hotword score, plus ln 2 (seqlm.decode.search.Search.reach);
+        None when there is no such bound (a negative alpha or a positive unk_offset)."""
+        cfg, lm = self.cfg, self.lm
+        if lm is not None and (cfg.alpha < 0 or cfg.unk_offset > 0):
+            return None
+        return math.log(2) + (max(cfg.beta, 0.0) if lm is not None else 0.0) + 2 * self.hot_max
+
+    def new_pool(self) -> None:
+        if self.lm is not None:
+            self.pool = LMPool(self.lm, self.device)
+
+    def lm_events(self, old: Beams, c: Tensor, moves: Moves) -> tuple[Tensor, Tensor, Tensor]:
+        """Which beams (E,) read an LM token with label c (E,), the token, and 1.0 where it is no unigram."""
+        if not self.word_level:
+            return moves.fresh, self.tokens[c], torch.zeros_like(old.lm)
+        n = old.node.clamp(min=0)
+        word = torch.where(old.node >= 0, self.lexicon.word[n], -1)
+        unknown = ~((old.node >= 0) & self.lexicon.unigram[n])
+        return moves.ends, torch.where(word >= 0, word, self.unk), unknown.double()
+
+
+def _unit(lm: LanguageModel, cfg: DecodeConfig) -> str:
+    if cfg.lm_unit != "auto":
+        return cfg.lm_unit
+    return "word" if lm.text_spec().unit == "word" else "token"
+
+
+class CTCDecoder:
+    """decoder = CTCDecoder(labels, lm=seqlm.load("runs/kn5")); decoder.decode([logits, ...]) -> n-best lists.
+
+    `lm` None: the posteriors alone (and hotwords). `unigrams`: the words whose partial spellings go
+    unpenalised and that take no unk_offset (default: every word of the LM). `hotwords`: {word: weight}."""
+
+    def __init__(self, labels: Labels, lm: LanguageModel | None = None, cfg: DecodeConfig | None = None,
+                 unigrams=None, hotwords: dict[str, float] | None = None, device: str | torch.device = "cpu"):
+        self.cfg = cfg or DecodeConfig()
+        self.device = torch.device(device)
+        if isinstance(lm, torch.nn.Module):
+            lm.to(self.device).eval()
+        self.tables = Tables(labels, lm, self.cfg, unigrams, hotwords, self.device)
+        self.search = Search(self.tables)
+        self.ms_per_utterance: list[float] = []  # of the last decode: its batch's time over its size
+
+    @torch.inference_mode()
+    def decode(self, posteriors: list[np.ndarray], progress=None) -> list[list[Hypothesis]]:
+        """The n-best of each (frames, labels) matrix of logits or log posteriors (or probabilities: rows in
+        [0, 1] summing to 1), in order. `progress`: called with the number of utterances done after each batch."""
+        order = sorted(range(len(posteriors)), key=lambda i: -len(posteriors[i]))
+        out: list[list[Hypothesis]] = [[] for _ in posteriors]
+        self.ms_per_utterance = [0.0] * len(posteriors)
+        for lo in range(0, len(order), self.cfg.batch_size):
+            batch = order[lo : lo + self.cfg.batch_size]
+            start = time.perf_counter()
+            hyps = self._decode_batch([posteriors[i] for i in batch])
+            ms = 1000 * (time.perf_counter() - start) / len(batch)
+            for i, h in zip(batch, hyps, strict=True):
+                out[i], self.ms_per_utterance[i] = h, ms
+            if progress is not None:
+                progress(len(batch))
+        return out
+
+    def _decode_batch(self, mats: list[np.ndarray]) -> list[list[Hypothesis]]:
+        """Utterances ordered longest first, decoded together."""
+        t = self.tables
+        lp = log_posteriors(mats, self.device)  # (U, T, L)
+        lengths = torch.tensor([len(m) for m in mats], device=self.device)
+        t.new_pool()
+        beams = Beams.start(len(mats), self.cfg.beam_width, t.history, t.labels.blank, self.device)
+        traces = []
+        for f in range(lp.shape[1]):
+            active = int((lengths > f).sum())
+            beams, parent, label = self.search.frame(beams, lp[:active, f], active)
+            traces.append((parent, label))
+            beams = self._compact(beams)
+        return finish(t, beams, lengths, traces, self.cfg.nbest)
+
+    def _compact(self, beams: Beams) -> Beams:
+        """Drop the pool's rows that no beam reads any more, when they are most of it."""
+        pool = self.tables.pool
+        if pool is None or pool.size < 2 * int(beams.alive.sum()) + 256:
+            return beams
+        live = torch.unique(beams.row[beams.alive])
+        beams.ints[..., ROW] = torch.where(beams.alive, pool.compact(live)[beams.row], 0)
+        return beams
+
+
+def log_posteriors(mats: list[np.ndarray], device: torch.device) -> Tensor:
+    """(U, T, L) float64 log posteriors, padded with 0 past each utterance's end: probabilities (every value in
+    [0, 1], rows summing to 1 within 1e-3) through log, anything else through log_softmax (logits, log
+    posteriors alike); then clipped at ln 1e-15, as pyctcdecode does."""
+    T, L = max(len(m) for m in mats), mats[0].shape[1]
+    out = torch.zeros((len(mats), T, L), dtype=torch.float64, device=device)
+    for i, m in enumerate(mats):
+        x = torch.as_tensor(np.asarray(m, dtype=np.float64), device=device)  # (T_i, L)
+        probs = bool(((x >= 0) & (x <= 1)).all()) and bool(((x.sum(1) - 1).abs() < 1e-3).all())
+        logp = x.clamp(min=MIN_P).log() if probs else torch.log_softmax(x, dim=1)
+        out[i, : len(m)] = logp.clamp(min=math.log(MIN_P))
+    return out
+
+
+def load_lm(path: str | Path | None) -> LanguageModel | None:
+    import seqlm
+
+    return None if path is None else seqlm.load(path)

@@ -1,0 +1,100 @@
+"""The LM histories a beam search holds, in one pool: a row per history (words or tokens read after <s>), made
+when a beam reads a word, and read, once some word ends after it, as the model's state and the (V,)
+distribution of what comes next.
+
+A new row is only (parent row, token) until a word ends after it: most beams die before that, and their rows
+never cost an LM call. Then every row asked for in one frame is read with one `extend` from the parents' states
+and one `advance` (seqlm.protocol), whatever its utterance. A row's parent is read before the row is made (its
+word was scored from it), so one step always suffices. Rows no beam needs any more are dropped now and then
+(`compact`), so the pool holds about as many rows as live beams.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from seqlm.protocol import LanguageModel, Prefixes, begin, cat_states, select_state
+
+
+class LMPool:
+    def __init__(self, model: LanguageModel, device: torch.device):
+        self.model, self.device = model, device  # `device`: where the decoder's tensors are
+        root = begin(model, 1)
+        self.state = root.state  # the states of the rows read, in `slot` order
+        first = model.advance(root)  # (1, V) on the model's device
+        self.dist = first.new_empty((64, first.shape[1]))  # (capacity, V) the rows read; past `read`: free
+        self.dist[:1] = first
+        self.read = 1
+        long = lambda fill: torch.full((64,), fill, dtype=torch.long, device=device)  # noqa: E731
+        self.parent, self.token, self.slot = long(-1), long(-1), long(-1)  # (capacity,) per row; slot -1: unread
+        self.slot[0] = 0
+        self.size = 1
+
+    def logp(self, rows: Tensor, tokens: Tensor) -> Tensor:
+        """(R,) float64 ln p(tokens[i] | history of rows[i]), on the decoder's device."""
+        self._read(rows)
+        at = self.dist.device
+        return self.dist[self.slot[rows].to(at), tokens.to(at)].to(self.device, torch.float64)
+
+    def add(self, parents: Tensor, tokens: Tensor) -> Tensor:
+        """New rows (R,) for the histories parents[i] + tokens[i], not read yet."""
+        n = len(parents)
+        while self.size + n > len(self.parent):
+            self.parent, self.token, self.slot = (_grown(x, -1) for x in (self.parent, self.token, self.slot))
+        rows = torch.arange(self.size, self.size + n, device=self.device)
+        self.parent[rows], self.token[rows] = parents, tokens
+        self.size += n
+        return rows
+
+    def _read(self, rows: Tensor) -> None:
+        """Read the unread rows among `rows`: one extend from their parents' states, one advance."""
+        todo = torch.unique(rows[self.slot[rows] < 0])
+        if len(todo) == 0:
+            return
+        at = self.dist.device
+        read = self.model.extend(Prefixes(self.state), self.slot[self.parent[todo]].to(at), self.token[todo].to(at))
+        dist = self.model.advance(read)  # (N, V)
+        if self.read + len(dist) > len(self.dist):
+            bigger = self.dist.new_empty((2 * (self.read + len(dist)), self.dist.shape[1]))
+            bigger[: self.read] = self.dist[: self.read]
+            self.dist = bigger
+        self.dist[self.read : self.read + len(dist)] = dist
+        self.state = cat_states(self.model, [self.state, read.state])
+        self.slot[todo] = torch.arange(self.read, self.read + len(todo), device=self.device)
+        self.read += len(todo)
+
+    def compact(self, live: Tensor) -> Tensor:
+        """Keep rows `live` (unique) and the parents of the unread ones; (size,) each old row's new index (-1:
+        dropped)."""
+        unread = live[self.slot[live] < 0]
+        rows = torch.unique(torch.cat([live, self.parent[unread]]))
+        remap = torch.full((self.size,), -1, dtype=torch.long, device=self.device)
+        remap[rows] = torch.arange(len(rows), device=self.device)
+        slots = self.slot[rows]
+        was_read = slots >= 0
+        at = self.dist.device
+        self.state = select_state(self.model, self.state, slots[was_read].to(at))
+        kept = self.dist[slots[was_read].to(at)]  # (N, V)
+        self.dist = kept.new_empty((max(64, 2 * len(kept)), kept.shape[1]))
+        self.dist[: len(kept)] = kept
+        new_slot = torch.full_like(slots, -1)
+        new_slot[was_read] = torch.arange(int(was_read.sum()), device=self.device)
+        parent = torch.where(self.parent[rows] >= 0, remap[self.parent[rows].clamp(min=0)], -1)
+        self.parent, self.token, self.slot = _sized(parent), _sized(self.token[rows]), _sized(new_slot)
+        self.size, self.read = len(rows), len(kept)
+        return remap
+
+
+def _grown(x: Tensor, fill: float) -> Tensor:
+    """x with twice the rows, the new ones `fill`."""
+    out = torch.full((2 * len(x), *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+    out[: len(x)] = x
+    return out
+
+
+def _sized(x: Tensor) -> Tensor:
+    """x in a buffer with room to grow (capacity twice its length, at least 64), -1 past its end."""
+    out = torch.full((max(64, 2 * len(x)),), -1, dtype=x.dtype, device=x.device)
+    out[: len(x)] = x
+    return out
