@@ -280,18 +280,10 @@ def test_other_refusals(setup, tmp_path, capsys):
         DataConfig(unit="token")
 
 
-def test_query_refuses_a_token_model_and_quantize_keeps_its_tokenizer(setup, tmp_path, capsys, monkeypatch):
-    """query looks words up as they are, so a token model is refused (not scored as <unk>s); an int8 copy of
-    a token model carries the tokenizer and scores as the float model does (to int8's rounding)."""
-    import io
-
+def test_quantize_keeps_a_token_models_tokenizer(setup, tmp_path, capsys):
+    """An int8 copy of a token model carries the tokenizer and scores as the float model does (to int8's
+    rounding)."""
     data, sp_model, _ = setup
-    code, _, err = run_cli(capsys, "train", "--model", "kn", "--order", "3", "--data", data, "--out", tmp_path / "kn",
-                           "--unit", "token", "--tokenizer", sp_model)
-    assert code == 0, err
-    monkeypatch.setattr("sys.stdin", io.StringIO("the cat sat\n"))
-    code, _, err = run_cli(capsys, "query", tmp_path / "kn")
-    assert code == 2 and "token units" in err and len(err.strip().splitlines()) == 1
     code, _, err = run_cli(capsys, "train", "--model", "lstm", "--data", data, "--out", tmp_path / "lstm", "--unit",
                            "token", "--tokenizer", sp_model, "--hidden", "8", "--layers", "1", "--max-epochs", "1",
                            "--seq-len", "8", "--batch-size", "4", "--threads", "1")

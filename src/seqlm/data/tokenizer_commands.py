@@ -121,7 +121,8 @@ def add_tokenizer_commands(sub) -> None:
     tp = sub.add_parser("tokenizer", help=cmd_tokenizer.__doc__, description="train: a sentencepiece model into "
                         "DIR/tokenizer.model (prints JSON); encode: text -> pieces; decode: pieces -> text (one "
                         "output line per input line)")
-    tp.add_argument("action", choices=["train", "encode", "decode"])
+    tp.add_argument("action", choices=["train", "encode", "decode"], help="train a sentencepiece model, or encode "
+                    "text into pieces, or decode pieces into text")
     tp.add_argument("--text", metavar="FILE", help="input text (- or none: standard input, except for train); train: "
                     "one sentence a line")
     tp.add_argument("--tokenizer", metavar="MODEL", help="encode/decode: a sentencepiece .model, a tokenizer.json, "

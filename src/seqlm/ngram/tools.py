@@ -18,8 +18,6 @@ from typing import TextIO
 
 import numpy as np
 
-from seqlm import checkpoint as ckpt
-from seqlm.config import DataConfig, from_dict
 from seqlm.data.vocab import BOS, EOS, UNK
 from seqlm.errors import SeqlmError
 from seqlm.ngram.binary import write_binary
@@ -63,7 +61,6 @@ def query(model_path: str, text: TextIO, out: TextIO, level: str = "word", fmt: 
         raise SeqlmError("-n: SRILM's output counts a sentence per </s>; -n goes with the KenLM format only")
     if fmt == "srilm" and not is_ngram(model_path):
         return _query_any(model_path, text, out, level, name)
-    _check_words(model_path)
     m = NGramQuery(model_path)
     writer = SrilmWriter(out, level, name, UNK, BOS) if fmt == "srilm" else KenlmWriter(out, level, m)
     for line, scored in (_null_context(m, text) if null_context else _with_context(m, text)):
@@ -72,18 +69,6 @@ def query(model_path: str, text: TextIO, out: TextIO, level: str = "word", fmt: 
         else:
             writer.sentence(line.split(), *scored)
     return writer.finish()
-
-
-def _check_words(model_path: str) -> None:
-    """query looks words up as they are: a model directory whose text is characters or subword tokens is
-    refused (protocol.require), not scored as <unk>s. Files (ARPA, binary) carry no text conventions."""
-    path = Path(model_path)
-    if path.is_dir() and (path / ckpt.CONFIG).is_file():
-        meta = ckpt.read_json(path / ckpt.CONFIG, "config.json")
-        data = from_dict(DataConfig, meta.get("data", {}) if isinstance(meta, dict) else {})
-        if data.unit != "word" or data.raw:
-            raise SeqlmError(f"seqlm query takes whitespace-separated words, and {path} reads {data.unit} units"
-                             f"{' from raw text' if data.raw else ''}; use seqlm score, which reads its text")
 
 
 def is_ngram(path: str) -> bool:
