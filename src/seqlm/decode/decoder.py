@@ -70,6 +70,7 @@ class Tables:
         self.labels, self.lm, self.cfg, self.device = labels, lm, cfg, device
         self.starts, self.text_len = labels.tensors(device)
         self.boundaries = (self.starts & (self.text_len == 0)).nonzero().squeeze(1)  # (S,) spaces, a lone ▁
+        self.longest = max(map(len, labels.texts))  # characters of the longest label
         self.word_level = lm is None or _unit(lm, cfg) == "word"
         strings = Symbols.of_strings(list(labels.texts), device)
         self.part_hash = strings

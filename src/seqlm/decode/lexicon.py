@@ -84,7 +84,14 @@ class Lexicon:
         if self.trie.dense is not None:
             nxt = torch.cat([self.trie.dense.long(), torch.full_like(self.trie.dense[:1], -1).long()])  # (N + 1, L)
             nxt = torch.where(self.trie.start >= 0, self.trie.start, nxt)  # a word-starting label: its own text's node
-            self.outside = ~((nxt >= 0) & self.prefix[nxt.clamp(min=0)])
+            self.outside = ~((nxt >= 0) & self.prefix[nxt.clamp(min=0)]) & (nxt != 0)  # the empty word: no penalty
+        self._penalty: tuple[float, Tensor] | None = None
+
+    def penalty(self, unk_offset: float) -> Tensor:
+        """(N + 1, L) float32 unk_offset where `outside`, else 0 (kept for the last unk_offset asked)."""
+        if self._penalty is None or self._penalty[0] != unk_offset:
+            self._penalty = unk_offset, torch.where(self.outside, unk_offset, 0.0).float()
+        return self._penalty[1]
 
 
 class Hotwords:

@@ -76,8 +76,7 @@ class LMPool:
         at = self.dist.device
         self.state = select_state(self.model, self.state, slots[was_read].to(at))
         kept = self.dist[slots[was_read].to(at)]  # (N, V)
-        self.dist = kept.new_empty((max(64, 2 * len(kept)), kept.shape[1]))
-        self.dist[: len(kept)] = kept
+        self.dist[: len(kept)] = kept  # the buffer keeps its size: it would only grow again
         new_slot = torch.full_like(slots, -1)
         new_slot[was_read] = torch.arange(int(was_read.sum()), device=self.device)
         parent = torch.where(self.parent[rows] >= 0, remap[self.parent[rows].clamp(min=0)], -1)

@@ -27,6 +27,7 @@ from seqlm.decode.hashing import SPACE, mix, step
 
 LN10 = math.log(10.0)
 AVG_WORD = 6  # pyctcdecode's AVG_TOKEN_LEN: partial words longer than this are penalised in proportion
+SLACK = 1e-3  # candidate bounds are compared in float32 about nearby scores (rounding < 1e-5): this much leeway
 
 
 class Moves(NamedTuple):
@@ -121,10 +122,12 @@ class Search:
         base = b.logit[:active] + b.lm[:active]  # (A, K)
         stays = torch.where(alive & cand.gather(1, last), base + lp.gather(1, last) + b.partial[:active], -torch.inf)
         best = stays.max(1).values
-        if partial is not None:
+        if partial is not None:  # in float32 about the best beam: small numbers; SLACK covers the rounding
+            ref = torch.where(alive, base, -torch.inf).max(1, keepdim=True).values  # (A, 1)
+            near = (base - ref).float()[:, :, None] + lp.float()[:, None, :] + partial  # (A, K, L)
             grows = fresh & ~t.starts  # (A, K, L) the LM score stays
-            top = torch.where(grows, base[:, :, None] + lp[:, None, :] + partial, -torch.inf).flatten(1).max(1).values
-            best = torch.maximum(best, top)
+            top = torch.where(grows, near, -torch.inf).flatten(1).max(1).values  # (A,)
+            best = torch.maximum(best, ref.squeeze(1) + top.double() - SLACK)
         return torch.maximum(stays.min(1).values, best + t.cfg.beam_prune_logp)
 
     def reach(self, b: Beams, lp: Tensor, floor: Tensor, partial: Tensor | None, active: int) -> Tensor:
@@ -139,26 +142,33 @@ class Search:
         X = parents + lm + t.bound  # (A, K)
         repeat = torch.full_like(lp, -1e300).scatter_reduce_(1, b.last[:active], logit, "amax")  # (A, L)
         Z = repeat + lm.max(1, keepdim=True).values + t.bound  # (A, L)
-        top = torch.maximum(X[:, :, None], Z[:, None, :]) + lp[:, None, :]  # (A, K, L)
+        # in float32 about the floor: small numbers; SLACK covers the rounding, so no group that can be kept goes
+        X, Z = (X - floor[:, None]).float(), (Z - floor[:, None] + lp).float()  # (A, K), (A, L)
+        top = torch.maximum(X[:, :, None] + lp.float()[:, None, :], Z[:, None, :])  # (A, K, L)
         if t.word_level and len(t.boundaries):
             # a space after a word joins the beams that already read a space there: any prefix may be the parent
             s = t.boundaries  # (S,)
-            anyone = (logit.logsumexp(1, keepdim=True) + lm + t.bound)[:, :, None]  # (A, K, 1)
-            top[:, :, s] = torch.maximum(anyone, Z[:, None, s]) + lp[:, None, s]
-        return (top if partial is None else top + partial) >= floor[:, None, None]
+            anyone = (logit.logsumexp(1, keepdim=True) + lm + t.bound - floor[:, None]).float()[:, :, None]
+            top[:, :, s] = torch.maximum(anyone + lp.float()[:, None, s], Z[:, None, s])
+        return (top if partial is None else top + partial) >= -SLACK
 
     def next_partial(self, b: Beams, active: int) -> Tensor | None:
-        """(A, K, L) the unknown-word penalty of each beam's partial word after each label, at word level with
-        an LM whose words are a table (seqlm.decode.lexicon.Lexicon.outside) and no hotwords (whose share would
-        replace it); else None."""
+        """(A, K, L) float32 the unknown-word penalty of each beam's partial word after each label, at word
+        level with an LM whose words are a table (seqlm.decode.lexicon.Lexicon.outside) and no hotwords (whose
+        share would replace it); else None."""
         t = self.t
         if t.lexicon is None or t.lexicon.outside is None or t.hotwords is not None:
             return None
         node, plen = b.node[:active], b.plen[:active]  # (A, K)
-        outside = t.lexicon.outside[torch.where(node >= 0, node, len(t.lexicon.outside) - 1)]  # (A, K, L)
-        length = torch.where(t.starts, 0, plen[:, :, None]) + t.text_len  # (A, K, L)
-        scale = torch.where(length > AVG_WORD, length.double() / AVG_WORD, 1.0)
-        return torch.where(outside & (length > 0), t.cfg.unk_offset * scale, 0.0)
+        row = torch.where(node >= 0, node, len(t.lexicon.outside) - 1)  # (A, K) row N: a word that starts none
+        penalty = t.lexicon.penalty(t.cfg.unk_offset)[row]  # (A, K, L) as if no word were longer than 6
+        long = ((plen + t.longest > AVG_WORD) | (t.longest > AVG_WORD)).flatten().nonzero().squeeze(1)  # (N,)
+        if len(long):  # beams whose partial word may pass 6 characters: scaled by its length
+            flat, rows, lens = penalty.view(-1, penalty.shape[2]), row.flatten()[long], plen.flatten()[long]
+            length = torch.where(t.starts, 0, lens[:, None]) + t.text_len  # (N, L)
+            scale = torch.where(length > AVG_WORD, length / AVG_WORD, 1.0)
+            flat[long] = torch.where(t.lexicon.outside[rows] & (length > 0), t.cfg.unk_offset * scale, 0.0)
+        return penalty
 
     def expand(self, old: Beams, c: Tensor) -> tuple[list[Tensor], Moves]:
         """The integer columns (seqlm.decode.beams.COLUMNS) of each beam of `old` (E,) after label c (E,)."""
@@ -256,15 +266,16 @@ def _merge(key: Tensor, logit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def _best(utt: Tensor, score: Tensor, prune: float, width: int, active: int) -> Tensor:
     """Indices of the kept scores (within `prune` of their utterance's best, and its `width` best), ordered by
-    utterance, then by score from the best down (ties: the earlier first, as heapq.nlargest)."""
-    best = torch.full((active,), -torch.inf, dtype=score.dtype, device=score.device)
-    best.scatter_reduce_(0, utt, score, "amax")
-    i = (score >= best[utt] + prune).nonzero().squeeze(1)
-    i = i[torch.argsort(score[i], descending=True, stable=True)]
-    i = i[torch.argsort(utt[i], stable=True)]
-    us = utt[i]
-    rank = torch.arange(len(i), device=i.device) - torch.searchsorted(us, us)
-    return i[rank < width]
+    utterance, then by score from the best down."""
+    order = torch.argsort(utt, stable=True)  # (G,) by utterance
+    us = utt[order]
+    counts = torch.bincount(us, minlength=active)  # (A,)
+    start = counts.cumsum(0) - counts
+    table = torch.full((active, int(counts.max())), -torch.inf, dtype=score.dtype, device=score.device)
+    table[us, torch.arange(len(us), device=us.device) - start[us]] = score[order]  # (A, M)
+    top, at = table.topk(min(width, table.shape[1]), dim=1)  # (A, W) best first
+    keep = (top > -torch.inf) & (top >= top[:, :1] + prune)
+    return order[(start[:, None] + at)[keep]]
 
 
 def _drop_same_history(rep: Tensor, kept: Beams, c: Tensor, u: Tensor) -> tuple[Tensor, Beams]:
