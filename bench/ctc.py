@@ -34,6 +34,7 @@ import torch
 import seqlm.kenlm as seqlm_kenlm
 from combination import component_dir
 from seqlm.cli import main as seqlm_main
+from seqlm.decode.tune import edits
 from seqlm.kenlm.ctc import build_ctcdecoder
 
 from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
@@ -58,16 +59,6 @@ def greedy(logits: np.ndarray, labels: list[str]) -> str:
     best = logits.argmax(axis=1)  # (F,)
     keep = np.concatenate([[True], best[1:] != best[:-1]])  # (F,) the first frame of each run
     return " ".join("".join(labels[i] for i in best[keep]).split())
-
-
-def edits(a: list, b: list) -> int:
-    """Levenshtein distance between two sequences."""
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
-    return row[-1]
 
 
 def error_rates(hyps: list[str], refs: list[str]) -> tuple[float, float]:
