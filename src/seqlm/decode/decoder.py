@@ -118,10 +118,10 @@ class Tables:
     def lm_events(self, old: Beams, c: Tensor, moves: Moves) -> tuple[Tensor, Tensor, Tensor]:
         """Which beams (E,) read an LM token with label c (E,), the token, and 1.0 where it is no unigram."""
         if not self.word_level:
-            return moves.fresh, self.tokens[c], torch.zeros_like(old.lm)
+            return moves.fresh, self.tokens.index_select(0, c), torch.zeros_like(old.lm)
         n = old.node.clamp(min=0)
-        word = torch.where(old.node >= 0, self.lexicon.word[n], -1)
-        unknown = ~((old.node >= 0) & self.lexicon.unigram[n])
+        word = torch.where(old.node >= 0, self.lexicon.word.index_select(0, n), -1)
+        unknown = ~((old.node >= 0) & self.lexicon.unigram.index_select(0, n))
         return moves.ends, torch.where(word >= 0, word, self.unk), unknown.double()
 
 

@@ -39,7 +39,7 @@ class Symbols:
 
     def __call__(self, h: Tensor, label: Tensor) -> Tensor:
         """(E,) the hashes h (E,) after appending the symbols of label (E,)."""
-        codes = self.codes[label]  # (E, S)
+        codes = self.codes.index_select(0, label)  # (E, S)
         for j in range(codes.shape[1]):
             c = codes[:, j]
             h = torch.where(c >= 0, step(h, c), h)  # a label with no text (a space) appends nothing

@@ -55,15 +55,16 @@ class Trie:
 
     def follow(self, node: Tensor, label: Tensor, starts: Tensor) -> Tensor:
         """(E,) the node after reading `label` (E,) at `node` (E,): its own text's node where `starts` (E,)."""
+        start = self.start.index_select(0, label)  # (E,)
         if self.dense is not None:
-            child = self.dense.view(-1)[node.clamp(min=0) * self.num_labels + label].long()  # (E,)
-            return torch.where(starts, self.start[label], torch.where(node >= 0, child, -1))
+            child = self.dense.view(-1).index_select(0, node.clamp(min=0) * self.num_labels + label).long()  # (E,)
+            return torch.where(starts, start, torch.where(node >= 0, child, -1))
         if len(self.keys) == 0:
-            return torch.where(starts, self.start[label], -1)
+            return torch.where(starts, start, -1)
         query = node.clamp(min=0) * self.num_labels + label  # (E,)
         at = torch.searchsorted(self.keys, query).clamp_(max=len(self.keys) - 1)  # (E,)
         found = (self.keys[at] == query) & (node >= 0)
-        return torch.where(starts, self.start[label], torch.where(found, self.child[at], -1))
+        return torch.where(starts, start, torch.where(found, self.child[at], -1))
 
 
 class Lexicon:

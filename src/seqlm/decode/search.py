@@ -69,17 +69,15 @@ class Search:
         g = self.groups(b, lp, self.candidates(b, lp, active), active)
         keep = _best(g.utt, g.score, t.cfg.beam_prune_logp, K, active)  # (R,) by utterance, best first
         u, k, c, old, moves = g.u, g.k, g.c, g.old, g.moves
-        rep = g.first[keep]  # (R,) one candidate of each kept group
-        ints = torch.cat([torch.stack(g.cols, 1)[rep], self.history(old, c, moves, rep)], 1)  # (R, C + H)
-        kept = Beams(torch.stack([g.merged[keep], g.lm[rep], g.partial[rep]], 1), ints)
+        rep = g.first.index_select(0, keep)  # (R,) one candidate of each kept group
+        ints = torch.cat([torch.stack(g.cols, 1).index_select(0, rep), self.history(old, c, moves, rep)], 1)
+        kept = Beams(torch.stack([g.merged.index_select(0, keep), *_take([g.lm, g.partial], rep)], 1), ints)
         if t.prune_history:
             rep, kept = _drop_same_history(rep, kept, c, u)
         kept.ints[:, ROW] = self.extend_lm(old, c, moves, rep)
-        us = u[rep]
+        us, parent, label = _take([u, k, torch.where(moves.moved, c, -1)], rep)
         slot = torch.arange(len(rep), device=us.device) - torch.searchsorted(us, us)  # (R,) rank in its utterance
-        parent = _grid(active, K, us, slot, k[rep])
-        label = _grid(active, K, us, slot, torch.where(moves.moved, c, -1)[rep])
-        return b.written(active, us, slot, kept), parent, label
+        return b.written(active, us, slot, kept), _grid(active, K, us, slot, parent), _grid(active, K, us, slot, label)
 
     def groups(self, b: Beams, lp: Tensor, ukc: tuple[Tensor, Tensor, Tensor], active: int) -> Groups:
         """Beams (u, k) (E,) after labels c (E,), merged into groups of equal prefix and last label, scored."""
@@ -89,8 +87,8 @@ class Search:
         lm = old.lm + self.word_scores(old, c, moves)  # (E,)
         partial = self.partial_scores(cols)  # (E,)
         group, first, merged = _merge(mix(cols[KEY], c, u), old.logit + lp[u, c])  # (E,), (G,), (G,)
-        score = merged + (lm + partial)[first]  # (G,)
-        return Groups(u, k, c, old, cols, moves, lm, partial, first, merged, score, u[first])
+        score = merged + (lm + partial).index_select(0, first)  # (G,)
+        return Groups(u, k, c, old, cols, moves, lm, partial, first, merged, score, u.index_select(0, first))
 
     def candidates(self, b: Beams, lp: Tensor, active: int) -> tuple[Tensor, Tensor, Tensor]:
         """(u, k, c) (E,) each: the beams (u, k) and labels c to try. A label is tried if its ln p reaches
@@ -161,7 +159,8 @@ class Search:
             return None
         node, plen = b.node[:active], b.plen[:active]  # (A, K)
         row = torch.where(node >= 0, node, len(t.lexicon.outside) - 1)  # (A, K) row N: a word that starts none
-        penalty = t.lexicon.penalty(t.cfg.unk_offset)[row]  # (A, K, L) as if no word were longer than 6
+        table = t.lexicon.penalty(t.cfg.unk_offset)
+        penalty = table.index_select(0, row.flatten()).view(*row.shape, -1)  # (A, K, L) no word longer than 6
         long = ((plen + t.longest > AVG_WORD) | (t.longest > AVG_WORD)).flatten().nonzero().squeeze(1)  # (N,)
         if len(long):  # beams whose partial word may pass 6 characters: scaled by its length
             flat, rows, lens = penalty.view(-1, penalty.shape[2]), row.flatten()[long], plen.flatten()[long]
@@ -174,12 +173,13 @@ class Search:
         """The integer columns (seqlm.decode.beams.COLUMNS) of each beam of `old` (E,) after label c (E,)."""
         t = self.t
         fresh = (c != t.labels.blank) & (c != old.last)
-        starts = t.starts[c] & fresh  # a space or ▁ piece
-        grows = fresh & ~t.starts[c]
+        starting, text_len = t.starts.index_select(0, c), t.text_len.index_select(0, c)  # (E,)
+        starts = starting & fresh  # a space or ▁ piece
+        grows = fresh & ~starting
         had = old.plen > 0
         ends = starts & had
         if t.word_level:
-            moved = grows | (starts & (had | (t.text_len[c] > 0)))  # a space after a space: nothing
+            moved = grows | (starts & (had | (text_len > 0)))  # a space after a space: nothing
             key = torch.where(ends, step(old.key, torch.full_like(c, SPACE)), old.key)
             key = torch.where(moved, t.key_hash(key, c), key)
             text = torch.where(ends, old.key, old.text)
@@ -188,7 +188,7 @@ class Search:
             key, text = torch.where(moved, t.key_hash(old.key, c), old.key), old.text
         part = t.part_hash(torch.where(starts, 0, old.part), c)
         part = torch.where(fresh, part, old.part)
-        plen = torch.where(starts, 0, old.plen) + torch.where(fresh, t.text_len[c], 0)
+        plen = torch.where(starts, 0, old.plen) + torch.where(fresh, text_len, 0)
         node = torch.where(fresh, t.lexicon.trie.follow(old.node, c, starts), old.node) if t.lexicon else old.node
         hot = torch.where(fresh, t.hotwords.trie.follow(old.hot, c, starts), old.hot) if t.hotwords else old.hot
         return [key, text, part, plen, c, node, hot, old.row], Moves(fresh, moved, ends)
@@ -212,7 +212,7 @@ class Search:
         t, node, hot, plen = self.t, cols[NODE], cols[HOT], cols[PLEN]
         score = torch.zeros(plen.shape, dtype=torch.float64, device=plen.device)
         if t.lexicon is not None:
-            off = ~((node >= 0) & t.lexicon.prefix[node.clamp(min=0)]) & (plen > 0)
+            off = ~((node >= 0) & t.lexicon.prefix.index_select(0, node.clamp(min=0))) & (plen > 0)
             scale = torch.where(plen > AVG_WORD, plen.double() / AVG_WORD, 1.0)
             score = torch.where(off, t.cfg.unk_offset * scale, 0.0)
         if t.hotwords is not None:
@@ -221,18 +221,18 @@ class Search:
 
     def history(self, old: Beams, c: Tensor, moves: Moves, rep: Tensor) -> Tensor:
         """(R, H) the last H words (tokens) of the kept beams rep (R,), for prune_history."""
-        hist = old.hist[rep]  # (R, H)
-        push, unit = (moves.ends[rep], old.part[rep]) if self.t.word_level else (moves.fresh[rep], c[rep])
+        hist = old.hist.index_select(0, rep)  # (R, H)
+        push, unit = _take([moves.ends, old.part] if self.t.word_level else [moves.fresh, c], rep)
         shifted = torch.cat([hist[:, 1:], unit[:, None]], dim=1)  # (R, H)
         return torch.where(push[:, None], shifted, hist)
 
     def extend_lm(self, old: Beams, c: Tensor, moves: Moves, rep: Tensor) -> Tensor:
         """(R,) the LM pool rows of the kept beams: new rows, made together, where they read a word (token)."""
         t = self.t
-        row = old.row[rep]
+        row = old.row.index_select(0, rep)
         if t.pool is None:
             return row
-        event, token, _ = t.lm_events(old.rows(rep), c[rep], Moves(*(m[rep] for m in moves)))
+        event, token, _ = t.lm_events(old.rows(rep), c.index_select(0, rep), Moves(*_take(moves, rep)))
         i = event.nonzero().squeeze(1)
         if len(i) == 0:
             return row
@@ -248,8 +248,8 @@ def _prefix_totals(b: Beams, logit: Tensor, active: int) -> Tensor:
     flat = logit.flatten()
     top = torch.full((int(group.max()) + 1,), -1e300, dtype=flat.dtype, device=flat.device)
     top.scatter_reduce_(0, group, flat, "amax")
-    total = torch.zeros_like(top).scatter_add_(0, group, (flat - top[group]).exp())
-    return (top + total.log())[group].view_as(logit)
+    total = torch.zeros_like(top).scatter_add_(0, group, (flat - top.index_select(0, group)).exp())
+    return (top + total.log()).index_select(0, group).view_as(logit)
 
 
 def _merge(key: Tensor, logit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -260,7 +260,7 @@ def _merge(key: Tensor, logit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     first.scatter_reduce_(0, group, torch.arange(E, device=key.device), "amin")
     top = torch.full((G,), -torch.inf, dtype=logit.dtype, device=key.device)
     top.scatter_reduce_(0, group, logit, "amax")
-    total = torch.zeros_like(top).scatter_add_(0, group, (logit - top[group]).exp())
+    total = torch.zeros_like(top).scatter_add_(0, group, (logit - top.index_select(0, group)).exp())
     return group, first, top + total.log()
 
 
@@ -268,11 +268,11 @@ def _best(utt: Tensor, score: Tensor, prune: float, width: int, active: int) -> 
     """Indices of the kept scores (within `prune` of their utterance's best, and its `width` best), ordered by
     utterance, then by score from the best down."""
     order = torch.argsort(utt, stable=True)  # (G,) by utterance
-    us = utt[order]
+    us = utt.index_select(0, order)
     counts = torch.bincount(us, minlength=active)  # (A,)
     start = counts.cumsum(0) - counts
     table = torch.full((active, int(counts.max())), -torch.inf, dtype=score.dtype, device=score.device)
-    table[us, torch.arange(len(us), device=us.device) - start[us]] = score[order]  # (A, M)
+    table[us, torch.arange(len(us), device=us.device) - start.index_select(0, us)] = score.index_select(0, order)
     top, at = table.topk(min(width, table.shape[1]), dim=1)  # (A, W) best first
     keep = (top > -torch.inf) & (top >= top[:, :1] + prune)
     return order[(start[:, None] + at)[keep]]
@@ -281,13 +281,18 @@ def _best(utt: Tensor, score: Tensor, prune: float, width: int, active: int) -> 
 def _drop_same_history(rep: Tensor, kept: Beams, c: Tensor, u: Tensor) -> tuple[Tensor, Beams]:
     """pyctcdecode's prune_history: of kept beams (best first within each utterance) that agree on their last
     words, partial word and last label, the first."""
-    key = mix(*kept.hist.unbind(1), kept.ints[:, PART], c[rep], u[rep])
+    key = mix(*kept.hist.unbind(1), kept.ints[:, PART], *_take([c, u], rep))
     _, group = torch.unique(key, return_inverse=True)
     n = len(rep)
     order = torch.arange(n, device=rep.device)
     first = torch.full((n,), n, dtype=torch.long, device=rep.device).scatter_reduce_(0, group, order, "amin")
-    keep = (first[group] == order).nonzero().squeeze(1)
-    return rep[keep], kept.rows(keep)
+    keep = (first.index_select(0, group) == order).nonzero().squeeze(1)
+    return rep.index_select(0, keep), kept.rows(keep)
+
+
+def _take(tensors, index: Tensor) -> list[Tensor]:
+    """Rows `index` of each tensor."""
+    return [x.index_select(0, index) for x in tensors]
 
 
 def _grid(active: int, width: int, us: Tensor, slot: Tensor, values: Tensor) -> Tensor:
