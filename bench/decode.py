@@ -12,7 +12,8 @@ Rows, at beam widths B = 8 and 32:
 - pyctcdecode-kn5-bB: pyctcdecode's `decode` with the kenlm module on the KN5 ARPA seqlm trains on PTB train
   (unigrams: its words less <s> and </s>);
 - seqlm-kn5-bB: `seqlm decode`'s decoder on the same model (all test utterances in one batch);
-  seqlm-kn5-bB-batch1: the same, one utterance at a time;
+  seqlm-kn5-bB-batch1: the same, one utterance at a time; seqlm-char6-bB: `seqlm decode` at token level with the
+  character 6-gram below (alpha * ln p + beta per character read);
 - flashlight-lexicon-kn5-bB: flashlight-text's LexiconDecoder (CTC) with its KenLM on the same ARPA, the PTB
   words as lexicon (each spelling ended by the space token; unigram scores smeared by max); lm_weight =
   alpha * ln 10 (KenLM's log10 as natural logs), word_score = beta,
@@ -30,6 +31,7 @@ Writes bench/results/decode.json and decode.png (WER against ms per utterance).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import time
@@ -171,7 +173,8 @@ def system(row: str, labels, models, unigrams):
     if row.startswith("pyctcdecode"):
         return PyCTCDecode(labels, models["kn5"], unigrams, beam)
     if row.startswith("seqlm"):
-        return Seqlm(labels, models["kn5"], beam, 1 if row.endswith("batch1") else 1000)
+        model = models["char6" if row.startswith("seqlm-char6") else "kn5"]
+        return Seqlm(labels, model, beam, 1 if row.endswith("batch1") else 1000)
     if row.startswith("flashlight-lexicon"):
         return Flashlight(labels, models["kn5"] / "model.arpa", beam, unigrams)
     return Flashlight(labels, models["char6"] / "model.arpa", beam, None)
@@ -218,12 +221,15 @@ def plot(rows: list[dict]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    marks = dict(zip(("greedy", "pyctcdecode", "seqlm-kn5", "seqlm-char6", "flashlight-lexicon", "flashlight-lexfree"),
+                     "o^sDvP", strict=True))
     for r in rows:
-        ax.scatter(r["ms_per_utterance"], 100 * r["wer"])
-        ax.annotate(r["name"], (r["ms_per_utterance"], 100 * r["wer"]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        mark = next(m for k, m in marks.items() if r["name"].startswith(k))
+        ax.scatter(r["ms_per_utterance"], 100 * r["wer"], marker=mark, s=50, label=r["name"])
     ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set(xlabel="ms per utterance (one thread; decoding only)", ylabel="WER %",
            title="CTC beam search, simulated posteriors of 200 PTB test sentences")
     ax.grid(True, alpha=0.3)
@@ -236,12 +242,16 @@ def plot(rows: list[dict]) -> Path:
 def main() -> None:
     beams = (8, 32)
     names = ["greedy"] + [f"{s}-b{b}" for b in beams for s in ("pyctcdecode-kn5", "seqlm-kn5", "flashlight-lexicon-kn5",
-                                                                 "flashlight-lexfree-char6")] + ["seqlm-kn5-b32-batch1"]
+                                                                 "flashlight-lexfree-char6", "seqlm-char6")]
+    names.append("seqlm-kn5-b32-batch1")
     p = row_parser(__doc__, ",".join(names), "fp32")
     p.add_argument("--utterances", type=int, default=200)
     p.add_argument("--tune", type=int, default=40, help="PTB valid sentences alpha and beta are picked on")
     p.add_argument("--max-load", type=float, default=3.0, help="wait until the 1-minute load average is below this")
+    p.add_argument("--plot", action="store_true", help="only draw decode.png again from decode.json")
     args = p.parse_args()
+    if args.plot:
+        return print(plot(json.loads((RESULTS / "decode.json").read_text())["rows"]))
     torch.set_num_threads(args.threads)
     load = wait_for_quiet(args.max_load, 30)
     models = {"kn5": trained("kn5", ["--order", "5"]), "char6": trained("char6", ["--order", "6", "--unit", "char"])}
@@ -276,8 +286,6 @@ def main() -> None:
         row_out = {"name": row, **{k: v for k, v in result.items() if k != "hyps"}, **recipe}
         print({k: v for k, v in row_out.items() if k != "grid"}, flush=True)
         merge_rows("decode", [row_out], {"recipe": __doc__.split("\n\n")[1]})
-    import json
-
     print(plot(json.loads((RESULTS / "decode.json").read_text())["rows"]))
 
 
