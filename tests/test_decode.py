@@ -326,3 +326,26 @@ def test_bad_input_is_one_line_and_nothing_written(on_disk, capsys, tmp_path):
     err = refused([str(tmp / "utts"), "--labels", labels, "--lm", str(tmp / "kc"), "--lm-unit", "word"], capsys, out)
     assert "whitespace-separated words" in err
     assert "--refs" in refused([str(tmp / "utts"), "--labels", labels, "--tune"], capsys, out)
+
+
+@pytest.mark.parametrize("setup", ["word-lm", "pieces", "hotwords"])
+def test_leaving_out_labels_by_their_score_bound_changes_nothing(kn3, monkeypatch, setup):
+    """The search skips candidates whose best reachable score is below what is sure to be pruned
+    (seqlm.decode.search.Search.candidates); trying every candidate must give the same n-best and scores."""
+    from seqlm.decode import decoder as decoder_module
+
+    _, model, _, labels, mats, _ = kn3
+    cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=4, nbest=4, prune_history=False)
+    lm, hot, names = model, None, labels
+    if setup == "pieces":  # word starts as ▁ pieces next to a space label, no LM: groups of other shapes
+        names, lm = ["", " ", "a", "b", "▁a", "▁b"], None
+        rng = np.random.default_rng(5)
+        mats = [rng.normal(0, 2, (int(rng.integers(4, 12)), 6)) for _ in range(40)]
+    if setup == "hotwords":
+        hot = parse_hotwords([], ["cat", "mat"], 2.0)
+    pruned = CTCDecoder(resolve(names), lm, cfg, hotwords=hot).decode(mats)
+    monkeypatch.setattr(decoder_module.Tables, "bound", property(lambda self: None))  # try every candidate
+    full = CTCDecoder(resolve(names), lm, cfg, hotwords=hot).decode(mats)
+    for a, b in zip(pruned, full, strict=True):
+        assert [h.text for h in a] == [h.text for h in b]
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-9)

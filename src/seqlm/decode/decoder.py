@@ -79,8 +79,10 @@ class Tables:
         self.lexicon, self.pool, self.tokens = None, None, None
         if lm is not None:
             self._read_lm(lm, unigrams)
-        # at word level with labels of one character, a prefix has one parent prefix (seqlm.decode.search.reach)
-        self.bound_by_prefix = not self.word_level or max(map(len, labels.texts)) <= 1
+        # at word level with labels of one character and no ▁ pieces (which may follow a space or end a word), a
+        # group's members read one parent prefix, a space's aside (seqlm.decode.search.Search.reach)
+        pieces = any(starts and text for starts, text in zip(labels.starts, labels.texts, strict=True))
+        self.bound_by_prefix = not self.word_level or (max(map(len, labels.texts)) <= 1 and not pieces)
         self.hot_max = max([0.0, *hotwords.values()]) if hotwords else 0.0
         order = context_order(lm) if lm is not None else 1
         self.prune_history = cfg.prune_history and order is not None
