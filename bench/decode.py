@@ -1,14 +1,14 @@
 """CTC beam search on simulated posteriors: `seqlm decode` against pyctcdecode + kenlm and flashlight-text.
 
     SEQLM_DATA=../shared/data python bench/decode.py --threads 1
-    python bench/decode.py --threads 1 --rows greedy,seqlm-kn5-b8 --utterances 20      # a quick look
+    python bench/decode.py --threads 1 --rows decode-greedy,seqlm-kn5-b8 --utterances 20      # a quick look
 
 Posteriors (this script's own generator): the first UTTERANCES sentences of PTB test as characters (labels:
 blank, space and every character of the PTB training vocabulary, <unk> spelled out); each character takes 1
 or 2 frames (even odds), then one blank frame; every frame's logits are N(0, NOISE) noise over all labels plus
 PEAK on the true one (seed SEED; the tuning set: the first TUNE sentences of PTB valid, seed SEED + 1).
 Rows, at beam widths B = 8 and 32:
-- greedy: frame argmax, repeats merged, blanks dropped;
+- decode-greedy: frame argmax, repeats merged, blanks dropped;
 - pyctcdecode-kn5-bB: pyctcdecode's `decode` with the kenlm module on the KN5 ARPA seqlm trains on PTB train
   (unigrams: its words less <s> and </s>);
 - seqlm-kn5-bB: `seqlm decode`'s decoder on the same model (all test utterances in one batch);
@@ -222,8 +222,8 @@ def plot(rows: list[dict]) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    marks = dict(zip(("greedy", "pyctcdecode", "seqlm-kn5", "seqlm-char6", "flashlight-lexicon", "flashlight-lexfree"),
-                     "o^sDvP", strict=True))
+    kinds = ("decode-greedy", "pyctcdecode", "seqlm-kn5", "seqlm-char6", "flashlight-lexicon", "flashlight-lexfree")
+    marks = dict(zip(kinds, "o^sDvP", strict=True))
     for r in rows:
         mark = next(m for k, m in marks.items() if r["name"].startswith(k))
         ax.scatter(r["ms_per_utterance"], 100 * r["wer"], marker=mark, s=50, label=r["name"])
@@ -241,8 +241,8 @@ def plot(rows: list[dict]) -> Path:
 
 def main() -> None:
     beams = (8, 32)
-    names = ["greedy"] + [f"{s}-b{b}" for b in beams for s in ("pyctcdecode-kn5", "seqlm-kn5", "flashlight-lexicon-kn5",
-                                                                 "flashlight-lexfree-char6", "seqlm-char6")]
+    systems = ("pyctcdecode-kn5", "seqlm-kn5", "flashlight-lexicon-kn5", "flashlight-lexfree-char6", "seqlm-char6")
+    names = ["decode-greedy"] + [f"{s}-b{b}" for b in beams for s in systems]
     names.append("seqlm-kn5-b32-batch1")
     p = row_parser(__doc__, ",".join(names), "fp32")
     p.add_argument("--utterances", type=int, default=200)
@@ -265,7 +265,7 @@ def main() -> None:
               "versions": versions()}
     done: dict[str, dict] = {}
     for row in args.rows.split(","):
-        if row == "greedy":
+        if row == "decode-greedy":  # named apart from ctc.json's greedy row (other posteriors)
             start = time.perf_counter()
             hyps = greedy(test[0], labels)
             ms = 1000 * (time.perf_counter() - start) / len(hyps)
