@@ -1,11 +1,17 @@
-"""Benchmark: n-gram models of PTB over words, sentencepiece pieces and characters, compared per word.
+"""Benchmark: n-gram and LSTM models over words, sentencepiece pieces and characters, compared per word.
 
     python bench/units.py [--rows kn5-word,kn6-sp1k,kn6-sp4k,kn10-char] [--threads 1]
+    python bench/units.py --rows lstm-word,lstm-sp1k,lstm-sp4k,lstm-sp10k --threads 1
+    python bench/units.py --rows kn5-word-gcide,kn6-sp10k-gcide,lstm-word-gcide,lstm-sp10k-gcide --threads 1
+
+The LSTM rows (2 x 200) get the same minutes of training per corpus whatever their unit (LSTM_MINUTES, one
+thread), so a unit's row shows what it buys in a fixed budget; GCIDE rows read ../shared/data/gcide.
 
 Each row trains one kn model the way `seqlm train` does (train_from_cli: vocabulary from train only, estimation,
 model directory) in a private id cache, so the text is read and encoded inside the timing (`wall_seconds`; seqlm's
-own `train_seconds` is estimation and saving). The sentencepiece rows first train their tokenizer on PTB train
-alone (`seqlm tokenizer train`, unigram, `<unk>` kept whole: `tokenizer_seconds`). Test is scored with the one
+own `train_seconds` is estimation and saving, or
+training). The sentencepiece rows first train their tokenizer on the corpus's train
+text alone (`seqlm tokenizer train`, unigram, `<unk>` kept whole: `tokenizer_seconds`). Test is scored with the one
 evaluation protocol (seqlm.eval.perplexity.evaluate through protocol.encode_text: sentence by sentence, every
 token and </s>): `test_ppl` per token of the row's unit and `test_ppl_per_word`, the same total log-probability
 over the text's white-space words and one </s> a line. The script checks that every row's `test_words` is the same
@@ -16,6 +22,8 @@ the n-grams per order. Rows go to bench/results/units.json.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
 import tempfile
 import time
@@ -24,60 +32,128 @@ from pathlib import Path
 import torch
 
 import seqlm
+from seqlm.data.datasets import split_path
 from seqlm.data.tokenizer_commands import PieceTraining, train_tokenizer
 from seqlm.eval.perplexity import evaluate
 from seqlm.protocol import encode_text
+from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
-from common import merge_rows, ptb_dir
+from common import CHECKPOINTS, merge_rows, ptb_dir
 
-# name -> (order, unit, sentencepiece vocabulary size or None)
+# name -> (family, corpus, unit, kn order, sentencepiece vocabulary size or None)
 ROWS = {
-    "kn5-word": (5, "word", None),
-    "kn6-sp1k": (6, "token", 1000),
-    "kn6-sp4k": (6, "token", 4000),
-    "kn10-char": (10, "char", None),
+    "kn5-word": ("kn", "ptb", "word", 5, None),
+    "kn6-sp1k": ("kn", "ptb", "token", 6, 1000),
+    "kn6-sp4k": ("kn", "ptb", "token", 6, 4000),
+    "kn10-char": ("kn", "ptb", "char", 10, None),
+    "lstm-word": ("lstm", "ptb", "word", None, None),
+    "lstm-sp1k": ("lstm", "ptb", "token", None, 1000),
+    "lstm-sp4k": ("lstm", "ptb", "token", None, 4000),
+    "lstm-sp10k": ("lstm", "ptb", "token", None, 10000),
+    "kn5-word-gcide": ("kn", "gcide", "word", 5, None),
+    "kn6-sp10k-gcide": ("kn", "gcide", "token", 6, 10000),
+    "lstm-word-gcide": ("lstm", "gcide", "word", None, None),
+    "lstm-sp10k-gcide": ("lstm", "gcide", "token", None, 10000),
 }
+# The LSTM rows: 2 x 200, sentence by sentence (the protocol every row is scored with), Adam, newbob, one
+# thread, fp32; each unit gets the same minutes of training on a corpus (the budget), not the same epochs
+LSTM_FLAGS = ["--layers", "2", "--hidden", "200", "--sentence-independent", "true", "--threads", "1",
+              "--precision", "fp32", "--max-epochs", "20"]
+LSTM_MINUTES = {"ptb": 10.0, "gcide": 20.0}
+# GCIDE's word vocabulary: words seen twice (61k; its README's split)
+CORPUS_FLAGS = {"ptb": [], "gcide": ["--min-count", "2"]}
 
 
-def bench_row(name: str, data: Path, work: Path) -> dict:
-    order, unit, pieces = ROWS[name]
+def bench_row(name: str, data: Path, work: Path, minutes: float | None) -> dict:
+    """Train row `name` (its tokenizer first), score valid and test. LSTM rows keep their model directory in
+    bench/checkpoints/units/NAME and continue it when run again (`resumed` in the row)."""
+    family, corpus, unit, order, pieces = ROWS[name]
     os.environ["SEQLM_CACHE"] = str(work / "cache")  # nothing encoded before: reading the text is timed
-    args = ["--order", str(order), "--unit", unit]
-    row: dict = {"name": name, "order": order, "unit": unit}
+    args = ["--unit", unit] + (["--order", str(order)] if order else []) + (CORPUS_FLAGS[corpus] if unit == "word"
+                                                                         else [])
+    row: dict = {"name": name, "model": family, "corpus": corpus, "order": order, "unit": unit}
+    model_dir = work / "model"
     if pieces:
-        tok = train_tokenizer(str(data / "train.txt"), str(work / "tok"), PieceTraining(pieces), False)
-        args += ["--tokenizer", tok["tokenizer"]]
-        row.update(pieces=tok["pieces"], tokenizer_type=tok["type"], tokenizer_seconds=tok["train_seconds"],
-                   tokenizer_hash=tok["hash"])
-    t0 = time.perf_counter()
-    report = train_from_cli("kn", str(data), str(work / "model"), None, args)
-    row.update(wall_seconds=round(time.perf_counter() - t0, 2), train_seconds=report["train_seconds"],
-               train_command="seqlm train --model kn --data ptb " + " ".join(args).replace(str(work), "WORK"))
-    model = seqlm.load(work / "model")
+        tok = _tokenizer(split_path(data, "train"), work / "tok", pieces)
+        args += ["--tokenizer", tok.pop("tokenizer")]
+        row.update(tok)
+    if family == "lstm":
+        minutes = minutes or LSTM_MINUTES[corpus]
+        args += LSTM_FLAGS + ["--max-minutes", str(minutes)]
+        row.update(train_minutes_budget=minutes, resumed=run_status(model_dir)["started"])
+    trained = work / "trained.json"  # a finished LSTM row run again is scored again, not trained further
+    if not trained.exists():
+        t0 = time.perf_counter()
+        report = train_from_cli(family, str(data), str(model_dir), None, args, resume=bool(row.get("resumed")))
+        report = {"wall_seconds": round(time.perf_counter() - t0, 2), "train_seconds": report["train_seconds"]}
+        trained.write_text(json.dumps(report))
+    row.update(json.loads(trained.read_text()), train_command=f"seqlm train --model {family} --data {corpus} "
+               + " ".join(args).replace(str(work), "WORK"))
+    model = seqlm.load(model_dir)
     for split in ("valid", "test"):
-        r = evaluate(model, encode_text(model, data / f"{split}.txt"))
+        r = evaluate(model, encode_text(model, split_path(data, split)))
         row.update({f"{split}_ppl": r["ppl"], f"{split}_tokens": r["tokens"], f"{split}_oov": r["oov"],
                     f"{split}_ppl_per_word": r["ppl_per_word"], f"{split}_words": r.get("words", r["tokens"])})
-    files = {f: (work / "model" / f).stat().st_size for f in ("model.arpa", "model.bin")}
-    row.update(vocab_size=len(model.vocab), ngrams=model.sizes, arpa_bytes=files["model.arpa"],
-               binary_bytes=files["model.bin"])
+    row.update(vocab_size=len(model.vocab), **_size(model, model_dir))
+    if family == "lstm":
+        hist = run_status(model_dir)["history"]
+        row.update(epochs_run=len(hist), valid_curve=[h["valid_ppl"] for h in hist],
+                   train_tokens=sum(h["train_tokens"] for h in hist))
     return row
+
+
+def _tokenizer(train: Path, tok_dir: Path, pieces: int) -> dict:
+    """A unigram sentencepiece model of the training text alone (kept with an LSTM row: resuming needs it)."""
+    info = tok_dir / "info.json"
+    if not info.exists():
+        tok = train_tokenizer(str(train), str(tok_dir), PieceTraining(pieces), True)
+        info.write_text(json.dumps({"tokenizer": tok["tokenizer"], "pieces": tok["pieces"],
+                                    "tokenizer_type": tok["type"], "tokenizer_seconds": tok["train_seconds"],
+                                    "tokenizer_hash": tok["hash"]}))
+    return json.loads(info.read_text())
+
+
+def _size(model, model_dir: Path) -> dict:
+    if model_dir.joinpath("model.arpa").exists():
+        return {"ngrams": model.sizes, "arpa_bytes": (model_dir / "model.arpa").stat().st_size,
+                "binary_bytes": (model_dir / "model.bin").stat().st_size}
+    return {"params": sum(p.numel() for p in model.parameters()),
+            "model_bytes": sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))}
+
+
+def corpus_dir(corpus: str) -> Path:
+    if corpus == "ptb":
+        return ptb_dir()
+    path = ptb_dir().parent / corpus
+    if not (path / "train.txt.gz").exists() and not (path / "train.txt").exists():
+        raise SystemExit(f"{corpus} not found beside PTB ({path})")
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=",".join(ROWS), help="rows (names of ROWS), comma-separated")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (scoring)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="LSTM rows: replace the corpus's training minutes (stated in the row)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data = ptb_dir()
-    words = {split: text_words(data / f"{split}.txt") for split in ("valid", "test")}
     rows = []
     for name in args.rows.split(","):
+        if name not in ROWS:
+            raise SystemExit(f"unknown row {name}; choose from {', '.join(ROWS)}")
+        data = corpus_dir(ROWS[name][1])
+        words = {split: text_words(split_path(data, split)) for split in ("valid", "test")}
         load = os.getloadavg()[0]
-        with tempfile.TemporaryDirectory(prefix="seqlm-units-") as tmp:
-            row = {**bench_row(name, data, Path(tmp)), "threads": args.threads, "load_before": load}
+        if ROWS[name][0] == "lstm":
+            work = CHECKPOINTS / "units" / name
+            work.mkdir(parents=True, exist_ok=True)
+            row = bench_row(name, data, work, args.minutes)
+        else:
+            with tempfile.TemporaryDirectory(prefix="seqlm-units-") as tmp:
+                row = bench_row(name, data, Path(tmp), None)
+        row.update(threads=args.threads, load_before=load)
         for split, n in words.items():  # every unit's per-word figure over the same words
             if row[f"{split}_words"] != n:
                 raise SystemExit(f"{name} counted {row[f'{split}_words']} {split} words, the text has {n}; "
@@ -85,12 +161,15 @@ def main() -> None:
         rows.append(row)
         print(f"{name}: test ppl {row['test_ppl']:.2f} per {row['unit']}, {row['test_ppl_per_word']:.2f} per word "
               f"({row['test_words']} words), {row['wall_seconds']} s", flush=True)
-    print(f"wrote {merge_rows('units', rows)}")
+        merge_rows("units", [row])  # each row lands as it finishes
+    print(f"wrote {len(rows)} rows into bench/results/units.json")
 
 
 def text_words(path: Path) -> int:
     """White-space words and one </s> per non-blank line, counted here from the text itself."""
-    lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.split()]
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = [line for line in f.read().split("\n") if line.split()]
     return sum(len(line.split()) for line in lines) + len(lines)
 
 
