@@ -1,7 +1,8 @@
 """`seqlm --version`: seqlm's version, torch's, and whether seqlm's compiled loops run or their Python twins.
 
-Building the loops takes a compiler many seconds, too long for --version: a module already built and no
-older than its sources is loaded (under a second), and one not built yet is reported as such, unbuilt.
+The loops are normally built at install time (setup.py) and load at once. A checkout edited since its install
+builds them on first use, which takes a compiler many seconds, too long for --version: a module already built
+that way and no older than its sources is loaded, and one not built yet is reported as such, unbuilt.
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ def loop_status() -> dict[str, str]:
 
 
 def _status(name: str, sources: list[Path]) -> str:
-    from seqlm.data.native import compiled
+    from seqlm.data.native import compiled, installed
 
     if os.environ.get("SEQLM_NATIVE", "1") == "0":
         return "python fallback (SEQLM_NATIVE=0)"
+    if installed(name, sources) is not None:
+        return "compiled (installed with the package)"
     if not _built(name, sources):
         return NOT_BUILT
-    return "compiled" if compiled(name, sources) is not None else "python fallback (it failed to load)"
+    if compiled(name, sources) is None:
+        return "python fallback (it failed to load)"
+    return "compiled (built on first use)"
 
 
 def _built(name: str, sources: list[Path]) -> bool:

@@ -1,7 +1,9 @@
-"""seqlm's compiled loops, built on first use in a process by torch.utils.cpp_extension (a C++ compiler and
-ninja are needed; the build is cached under ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR, and
-takes seconds). Each has a Python or numpy twin that gives the same results: where a module cannot be
-built, a warning says so once and the twins run; SEQLM_NATIVE=0 chooses them.
+"""seqlm's compiled loops. Each is an extension module of the package, built at install time (setup.py: in the
+wheel, or in place for a checkout's editable install), and each has a Python or numpy twin that gives the same
+results. The installed module runs; in a checkout whose .cpp is newer than its built module (an edit since the
+install), torch.utils.cpp_extension builds the sources on first use instead (a C++ compiler and ninja; cached
+under ~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR). Where neither works, a warning says so once and the
+twins run; SEQLM_NATIVE=0 chooses them.
 
 - `tokens()`: _tokens.cpp, text lines to word ids (corpus.py);
 - seqlm.ngram.native: the n-gram scorer and ARPA text.
@@ -9,6 +11,7 @@ built, a warning says so once and the twins run; SEQLM_NATIVE=0 chooses them.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -30,10 +33,25 @@ def compiled(name: str, sources: list[Path]):
     return _MODULES[name] or None
 
 
+def installed(name: str, sources: list[Path]):
+    """The module built at install time beside its sources (seqlm.ngram._seqlm_native), or None where there is
+    none or the sources beside it are newer (a checkout edited since it was installed)."""
+    package = sources[0].parent.name  # ngram or data
+    try:
+        module = importlib.import_module(f"seqlm.{package}.{name}")
+    except ImportError:
+        return None
+    here = [s for s in {*sources, *sources[0].parent.glob("*.h")} if s.exists()]  # a wheel holds no sources
+    built = Path(module.__file__).stat().st_mtime
+    return None if here and max(s.stat().st_mtime for s in here) > built else module
+
+
 def _build(name: str, sources: list[Path]):
     """The module, or False (with a warning saying why) where it cannot be built; False too when SEQLM_NATIVE=0."""
     if os.environ.get("SEQLM_NATIVE", "1") == "0":
         return False
+    if (module := installed(name, sources)) is not None:
+        return module
     try:
         from torch.utils.cpp_extension import load
 
