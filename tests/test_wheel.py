@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, require_module, write_corpus
+from conftest import ROOT, require_env, require_module, write_corpus
 
 PACKAGE_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "src")
 
@@ -26,7 +26,7 @@ def dist(tmp_path_factory) -> Path:
     """sdist and wheel built from a copy of the checkout's package files (the checkout gets no build/ folder)."""
     require_module("build", "the `build` package (the test extra) builds the wheel")
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        pytest.skip("no C++ compiler here to build the wheel's modules with")
+        require_env("no C++ compiler here to build the wheel's modules with")
     src = tmp_path_factory.mktemp("checkout")
     for name in PACKAGE_FILES:
         if (ROOT / name).is_dir():

@@ -1,4 +1,5 @@
-"""The n-gram subcommands for KenLM users: `seqlm convert` (ARPA <-> binary) and `seqlm query` (KenLM's query)."""
+"""The n-gram subcommands for KenLM and SRILM users: `seqlm convert` (ARPA <-> binary), `seqlm query` (KenLM's
+query) and `seqlm prune` (SRILM's ngram -prune / -order, KenLM's filter, on a finished model)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,18 @@ def cmd_query(args: argparse.Namespace, rest: list[str]) -> None:
     query_main(model, args.verbose, args.format, args.null_context)
 
 
+def cmd_prune(args: argparse.Namespace, rest: list[str]) -> None:
+    """Shrink a finished n-gram model: entropy pruning, fewer orders, a vocabulary (ngram/shrink.py)."""
+    from seqlm.ngram.shrink import shrink
+    from seqlm.outputs import claim_output
+
+    if args.prune is not None:
+        raise SeqlmError("--prune (by count) needs the n-gram counts, which a finished model does not hold: prune "
+                         "by count at estimation (seqlm train --model kn --prune ...), or use --entropy")
+    claim_output(args.dst, args.force, "output", inputs=[args.src])
+    print(json.dumps(shrink(_ngram_source(args.src, "prune"), args.dst, args.entropy, args.order, args.vocab)))
+
+
 def _ngram_source(path: str, command: str) -> str:
     """query and convert take n-gram models: a model directory of another family says which family it is and
     what to use instead (not that its model.arpa is missing)."""
@@ -40,7 +53,8 @@ def _ngram_source(path: str, command: str) -> str:
     if fam in (None, "kn"):
         return path
     instead = {"query": f"score its text with `seqlm score {path}` (reads standard input too) or `seqlm eval`",
-               "convert": "a neural or mixture model has no ARPA or binary form (only kn models do)"}[command]
+               "convert": "a neural or mixture model has no ARPA or binary form (only kn models do)",
+               "prune": "only n-gram models are pruned this way (a neural model: seqlm quantize)"}[command]
     raise SeqlmError(f"{path} is a {fam} model directory; `seqlm {command}` takes an n-gram model (a kn model "
                      f"directory, an ARPA file or a seqlm binary): {instead}")
 
@@ -62,3 +76,14 @@ def add_ngram_commands(sub) -> None:
     qy.add_argument("-n", dest="null_context", action="store_true",
                     help="no <s> before a line and no </s> after it (KenLM query -n; KenLM format only)")
     qy.set_defaults(func=cmd_query)
+    pr = sub.add_parser("prune", help=cmd_prune.__doc__)
+    pr.add_argument("src", help="ARPA file (.gz ok), binary model (seqlm's or KenLM's) or kn model directory")
+    pr.add_argument("dst", help="output: binary model (e.g. small.bin), or ARPA when it ends .arpa[.gz]")
+    pr.add_argument("--entropy", type=float, default=0.0,
+                    help="drop n-grams whose removal raises the relative entropy less than this (SRILM -prune)")
+    pr.add_argument("--order", type=int, default=0, help="keep orders 1..N only (SRILM -order)")
+    pr.add_argument("--vocab", default="", help="keep the n-grams of these words only, numbers unchanged "
+                    "(KenLM filter): a word list (one a line) or a text")
+    pr.add_argument("--prune", default=None, help=argparse.SUPPRESS)  # refused with the reason (cmd_prune)
+    pr.add_argument("--force", action="store_true", help="replace dst if it exists")
+    pr.set_defaults(func=cmd_prune)
