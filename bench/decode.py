@@ -22,6 +22,12 @@ Rows, at beam widths B = 8 and 32:
 - flashlight-lexfree-char6-bB: its LexiconFreeDecoder with a character 6-gram KN (seqlm, PTB train, `_` between
   words; 6: the highest order its KenLM build reads) through its KenLM: lm_weight = alpha * ln 10, sil_score =
   beta (its only per-word score).
+- seqlm-lstm-bB: `seqlm decode` with an LSTM 2 x 200 on PTB words (bench/units.py's lstm-word row: 10 minutes
+  of training, trained by that row's code when missing); seqlm-lstm+kn5-bB: that LSTM and the KN5 interpolated
+  (`seqlm interpolate`, weights by EM on PTB valid), both through the decoder's batched `advance`;
+- -hot200 rows (beam 32): the same decoders boosting 200 hotwords, the rarest words of the test transcripts by
+  PTB train count, at pyctcdecode's default weight 10 (`hotwords_recalled`, in every row: how many of those
+  words' occurrences the transcripts hold).
 Every row but greedy picks (alpha, beta) from one grid by WER on the tuning set (`picked_on`, `grid`), then
 decodes test once, timed (`ms_per_utterance`: decoding only, model loading excluded); seqlm-kn5-b32-batch1 takes
 seqlm-kn5-b32's. `differs_from_pyctcdecode`: transcripts unlike pyctcdecode's at the same beam. One thread.
@@ -52,6 +58,7 @@ WORK = CHECKPOINTS / "decode"
 PEAK, NOISE, SEED = 5.0, 1.2, 0
 ALPHAS, BETAS = (0.2, 0.35, 0.5, 0.7), (-1.0, 0.0, 1.0, 2.0)
 LN10 = math.log(10)
+HOTWORDS, HOT_WEIGHT = 200, 10.0  # -hot200 rows: the rarest test words (rare_words), pyctcdecode's default weight
 
 
 def simulate(text: str, index: dict[str, int], rng: np.random.Generator) -> np.ndarray:
@@ -84,6 +91,38 @@ def trained(name: str, argv: list[str]) -> Path:
     return out
 
 
+def lstm_model() -> Path:
+    """bench/units.py's lstm-word model (LSTM 2 x 200 on PTB words, 10 minutes of training), trained by that row's
+    own code where it is missing (`python bench/units.py --rows lstm-word` writes its row)."""
+    work = CHECKPOINTS / "units" / "lstm-word"
+    if not (work / "trained.json").is_file():
+        import units
+
+        work.mkdir(parents=True, exist_ok=True)
+        cache = os.environ.get("SEQLM_CACHE")
+        units.bench_row("lstm-word", ptb_dir(), work, None)
+        os.environ.pop("SEQLM_CACHE") if cache is None else os.environ.update(SEQLM_CACHE=cache)
+    return work / "model"
+
+
+def mixture(lstm: Path, kn5: Path) -> Path:
+    """The LSTM and KN5 interpolated, weights by EM on PTB valid (`seqlm interpolate`)."""
+    out = WORK / "lstm+kn5"
+    if not (out / "config.json").is_file():
+        assert seqlm_main(["interpolate", str(lstm), str(kn5), "--data", str(ptb_dir()), "--split", "valid",
+                           "--out", str(out)]) == 0
+    return out
+
+
+def rare_words(refs: list[str], kn5: Path) -> list[str]:
+    """The HOTWORDS rarest words of the test transcripts by their PTB train count (ties by spelling; <unk>
+    aside): the words a user would boost, each in some reference."""
+    vocab = seqlm.load(kn5).vocab
+    counts = dict(zip(vocab.itos, vocab.counts, strict=True))
+    words = sorted({w for r in refs for w in r.split() if w != "<unk>"}, key=lambda w: (counts.get(w, 0), w))
+    return words[:HOTWORDS]
+
+
 def greedy(mats: list[np.ndarray], labels: list[str]) -> list[str]:
     out = []
     for m in mats:
@@ -94,20 +133,22 @@ def greedy(mats: list[np.ndarray], labels: list[str]) -> list[str]:
 
 
 class PyCTCDecode:
-    def __init__(self, labels, kn5: Path, unigrams, beam: int):
+    def __init__(self, labels, kn5: Path, unigrams, beam: int, hotwords: list[str] | None):
         import pyctcdecode
 
         self.decoder = pyctcdecode.build_ctcdecoder(labels, str(kn5 / "model.arpa"), unigrams=unigrams)
-        self.beam = beam
+        self.beam, self.hot = beam, {"hotwords": hotwords, "hotword_weight": HOT_WEIGHT} if hotwords else {}
 
     def __call__(self, mats, alpha, beta):
         self.decoder.reset_params(alpha=alpha, beta=beta)
-        return [self.decoder.decode(m, beam_width=self.beam) for m in mats]
+        return [self.decoder.decode(m, beam_width=self.beam, **self.hot) for m in mats]
 
 
 class Seqlm:
-    def __init__(self, labels, kn5: Path, beam: int, batch: int):
-        self.decoder = CTCDecoder(resolve(labels), seqlm.load(kn5), DecodeConfig(beam_width=beam, batch_size=batch))
+    def __init__(self, labels, lm: Path, beam: int, batch: int, hotwords: list[str] | None):
+        hot = dict.fromkeys(hotwords, HOT_WEIGHT) if hotwords else None
+        self.decoder = CTCDecoder(resolve(labels), seqlm.load(lm), DecodeConfig(beam_width=beam, batch_size=batch),
+                                  hotwords=hot)
 
     def __call__(self, mats, alpha, beta):
         self.decoder.cfg.alpha, self.decoder.cfg.beta = alpha, beta
@@ -167,14 +208,15 @@ class Flashlight:
         return " ".join("".join(" " if i == 1 else self.labels[i] for i in ids).split())
 
 
-def system(row: str, labels, models, unigrams):
+def system(row: str, labels, models, unigrams, hotwords: list[str]):
     """The decoder a row names: f(mats, alpha, beta) -> transcripts."""
     beam = int(row.split("-b")[1].split("-")[0])
+    hot = hotwords if row.endswith("-hot200") else None
     if row.startswith("pyctcdecode"):
-        return PyCTCDecode(labels, models["kn5"], unigrams, beam)
+        return PyCTCDecode(labels, models["kn5"], unigrams, beam, hot)
     if row.startswith("seqlm"):
-        model = models["char6" if row.startswith("seqlm-char6") else "kn5"]
-        return Seqlm(labels, model, beam, 1 if row.endswith("batch1") else 1000)
+        model = models[row.split("-")[1]]  # seqlm-kn5-b8: kn5; seqlm-lstm+kn5-b32: lstm+kn5
+        return Seqlm(labels, model, beam, 1 if row.endswith("batch1") else 1000, hot)
     if row.startswith("flashlight-lexicon"):
         return Flashlight(labels, models["kn5"] / "model.arpa", beam, unigrams)
     return Flashlight(labels, models["char6"] / "model.arpa", beam, None)
@@ -194,6 +236,16 @@ def measure(row: str, decode, valid, test, picked: dict | None = None) -> dict:
     wer, cer = error_rates(hyps, test[1])
     return {"wer": wer, "cer": cer, "ms_per_utterance": 1000 * seconds / len(hyps), "alpha": best["alpha"],
             "beta": best["beta"], "valid_wer": best["valid_wer"], "grid": grid, "hyps": hyps}
+
+
+def recalled(hyps: list[str], refs: list[str], hotwords: list[str]) -> dict:
+    """Of the hotword occurrences in the references, how many the transcripts hold (as bags of words)."""
+    hot, found, total = set(hotwords), 0, 0
+    for h, r in zip(hyps, refs, strict=True):
+        want = [w for w in r.split() if w in hot]
+        total += len(want)
+        found += sum(min(want.count(w), h.split().count(w)) for w in set(want))
+    return {"found": found, "of": total}
 
 
 def versions() -> dict:
@@ -222,8 +274,9 @@ def plot(rows: list[dict]) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    kinds = ("decode-greedy", "pyctcdecode", "seqlm-kn5", "seqlm-char6", "flashlight-lexicon", "flashlight-lexfree")
-    marks = dict(zip(kinds, "o^sDvP", strict=True))
+    kinds = ("decode-greedy", "pyctcdecode", "seqlm-kn5", "seqlm-char6", "flashlight-lexicon", "flashlight-lexfree",
+             "seqlm-lstm+kn5", "seqlm-lstm")
+    marks = dict(zip(kinds, "o^sDvPX*", strict=True))
     for r in rows:
         mark = next(m for k, m in marks.items() if r["name"].startswith(k))
         ax.scatter(r["ms_per_utterance"], 100 * r["wer"], marker=mark, s=50, label=r["name"])
@@ -244,6 +297,8 @@ def main() -> None:
     systems = ("pyctcdecode-kn5", "seqlm-kn5", "flashlight-lexicon-kn5", "flashlight-lexfree-char6", "seqlm-char6")
     names = ["decode-greedy"] + [f"{s}-b{b}" for b in beams for s in systems]
     names.append("seqlm-kn5-b32-batch1")
+    names += [f"seqlm-{lm}-b{b}" for b in beams for lm in ("lstm", "lstm+kn5")]
+    names += [f"{s}-b32-hot{HOTWORDS}" for s in ("pyctcdecode-kn5", "seqlm-kn5", "seqlm-lstm+kn5")]
     p = row_parser(__doc__, ",".join(names), "fp32")
     p.add_argument("--utterances", type=int, default=200)
     p.add_argument("--tune", type=int, default=40, help="PTB valid sentences alpha and beta are picked on")
@@ -255,9 +310,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     load = wait_for_quiet(args.max_load, 30)
     models = {"kn5": trained("kn5", ["--order", "5"]), "char6": trained("char6", ["--order", "6", "--unit", "char"])}
+    if any("lstm" in row for row in args.rows.split(",")):
+        models["lstm"] = lstm_model()
+        models["lstm+kn5"] = mixture(models["lstm"], models["kn5"])
     unigrams = [w for w in seqlm.load(models["kn5"]).vocab.itos if w not in ("<s>", "</s>")]
     labels = ["", " ", *sorted({c for w in unigrams for c in w} - {" "})]
     test = utterances("test.txt", args.utterances, labels, SEED)
+    hotwords = rare_words(test[1], models["kn5"])
     valid = utterances("valid.txt", args.tune, labels, SEED + 1)
     recipe = {"utterances": len(test[1]), "peak": PEAK, "noise": NOISE, "seed": SEED, "labels": len(labels),
               "frames_per_char": "1 or 2, then a blank", "threads": args.threads, "load_average_1min": load,
@@ -273,12 +332,18 @@ def main() -> None:
             result = {"wer": wer, "cer": cer, "ms_per_utterance": ms, "hyps": hyps}
         else:  # a batch1 row decodes as its batched row does: it takes that row's alpha and beta
             batched = done.get(row.removesuffix("-batch1")) if row.endswith("-batch1") else None
-            result = measure(row, system(row, labels, models, unigrams), valid, test, batched)
+            result = measure(row, system(row, labels, models, unigrams, hotwords), valid, test, batched)
             result["beam"] = int(row.split("-b")[1].split("-")[0])
             if row.startswith("seqlm"):
                 result["batch_size"] = 1 if row.endswith("-batch1") else len(test[1])
             if batched:
                 result["picked_by_row"] = row.removesuffix("-batch1")
+            if row.endswith("-hot200"):
+                result.update(hotwords=len(hotwords), hotword_weight=HOT_WEIGHT)
+            if "lstm" in row:
+                result["lm"] = {"lstm": "bench/units.py's lstm-word (bench/checkpoints/units/lstm-word)",
+                                "lstm+kn5": "seqlm interpolate lstm kn5 (EM on PTB valid)"}[row.split("-")[1]]
+        result["hotwords_recalled"] = recalled(result["hyps"], test[1], hotwords)  # every row: the baseline too
         done[row] = result
         peer = done.get(row.replace("seqlm", "pyctcdecode").removesuffix("-batch1"))
         if row.startswith("seqlm") and peer is not None:  # the same transcripts as pyctcdecode's?
