@@ -1,6 +1,7 @@
 """Benchmark: n-gram and LSTM models over words, sentencepiece pieces and characters, compared per word.
 
     python bench/units.py [--rows kn5-word,kn6-sp1k,kn6-sp4k,kn10-char] [--threads 1]
+    python bench/units.py --rows kn20-char --threads 1       # in bounded memory (--memory 2G): peak RSS measured
     python bench/units.py --rows lstm-word,lstm-sp1k,lstm-sp4k,lstm-sp10k --threads 1
     python bench/units.py --rows kn5-word-gcide,kn6-sp10k-gcide,lstm-word-gcide,lstm-sp10k-gcide --threads 1
 
@@ -25,6 +26,8 @@ import argparse
 import gzip
 import json
 import os
+import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +35,7 @@ from pathlib import Path
 import torch
 
 import seqlm
+from _kn_common import run_measured
 from seqlm.data.datasets import split_path
 from seqlm.data.tokenizer_commands import PieceTraining, train_tokenizer
 from seqlm.eval.perplexity import evaluate
@@ -47,6 +51,7 @@ ROWS = {
     "kn6-sp1k": ("kn", "ptb", "token", 6, 1000),
     "kn6-sp4k": ("kn", "ptb", "token", 6, 4000),
     "kn10-char": ("kn", "ptb", "char", 10, None),
+    "kn20-char": ("kn", "ptb", "char", 20, None),
     "lstm-word": ("lstm", "ptb", "word", None, None),
     "lstm-sp1k": ("lstm", "ptb", "token", None, 1000),
     "lstm-sp4k": ("lstm", "ptb", "token", None, 4000),
@@ -61,6 +66,8 @@ ROWS = {
 LSTM_FLAGS = ["--layers", "2", "--hidden", "200", "--sentence-independent", "true", "--threads", "1",
               "--precision", "fp32", "--max-epochs", "20"]
 LSTM_MINUTES = {"ptb": 10.0, "gcide": 20.0}
+# rows estimated in bounded memory (lmplz -S): trained by `seqlm train` in its own process, its peak RSS measured
+MEMORY = {"kn20-char": "2G"}
 # GCIDE's word vocabulary: words seen twice (61k; its README's split)
 CORPUS_FLAGS = {"ptb": [], "gcide": ["--min-count", "2"]}
 
@@ -83,6 +90,15 @@ def bench_row(name: str, data: Path, work: Path, minutes: float | None) -> dict:
         args += LSTM_FLAGS + ["--max-minutes", str(minutes)]
         row.update(train_minutes_budget=minutes, resumed=run_status(model_dir)["started"])
     trained = work / "trained.json"  # a finished LSTM row run again is scored again, not trained further
+    if name in MEMORY:
+        args += ["--memory", MEMORY[name]]
+        row["memory_budget"] = MEMORY[name]
+    if not trained.exists() and name in MEMORY:
+        wall, rss, out = run_measured([sys.executable, "-m", "seqlm", "train", "--model", family, "--data", str(data),
+                                       "--out", str(model_dir), *args])
+        report = json.loads(out.strip().splitlines()[-1])
+        trained.write_text(json.dumps({"wall_seconds": round(wall, 2), "train_seconds": report["train_seconds"],
+                                       "train_peak_rss_mb": round(rss, 1)}))
     if not trained.exists():
         t0 = time.perf_counter()
         report = train_from_cli(family, str(data), str(model_dir), None, args, resume=bool(row.get("resumed")))
@@ -96,6 +112,8 @@ def bench_row(name: str, data: Path, work: Path, minutes: float | None) -> dict:
         row.update({f"{split}_ppl": r["ppl"], f"{split}_tokens": r["tokens"], f"{split}_oov": r["oov"],
                     f"{split}_ppl_per_word": r["ppl_per_word"], f"{split}_words": r.get("words", r["tokens"])})
     row.update(vocab_size=len(model.vocab), **_size(model, model_dir))
+    if name in MEMORY:  # this process: the scoring above with the model's binary mapped (and this script)
+        row["score_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     if family == "lstm":
         hist = run_status(model_dir)["history"]
         row.update(epochs_run=len(hist), valid_curve=[h["valid_ppl"] for h in hist],
