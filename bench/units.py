@@ -16,15 +16,20 @@ text alone (`seqlm tokenizer train`, unigram, `<unk>` kept whole: `tokenizer_sec
 evaluation protocol (seqlm.eval.perplexity.evaluate through protocol.encode_text: sentence by sentence, every
 token and </s>): `test_ppl` per token of the row's unit and `test_ppl_per_word`, the same total log-probability
 over the text's white-space words and one </s> a line. The script checks that every row's `test_words` is the same
-number (the word model's tokens) before it writes anything. Size: the model directory's ARPA and binary files and
+number (the word model's tokens) before it writes anything. A word model scores a word outside its vocabulary
+as one `<unk>` event where a piece model spells it out, so `test_ppl_per_word_in_vocab` sums every row over the
+words the corpus's word rows know (and </s>), a piece model's pieces grouped into words at sentencepiece's ▁.
+Size: the model directory's ARPA and binary files and
 the n-grams per order. Rows go to bench/results/units.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gzip
 import json
+import math
 import os
 import resource
 import sys
@@ -32,13 +37,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import seqlm
 from _kn_common import run_measured
 from seqlm.data.datasets import split_path
 from seqlm.data.tokenizer_commands import PieceTraining, train_tokenizer
-from seqlm.eval.perplexity import evaluate
+from seqlm.data.vocab import EOS
+from seqlm.eval.perplexity import evaluate, score_tokens
 from seqlm.protocol import encode_text
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
@@ -113,6 +120,7 @@ def bench_row(name: str, data: Path, work: Path, minutes: float | None) -> dict:
         row.update({f"{split}_ppl": r["ppl"], f"{split}_tokens": r["tokens"], f"{split}_oov": r["oov"],
                     f"{split}_ppl_per_word": r["ppl_per_word"], f"{split}_words": r.get("words", r["tokens"])})
     row.update(vocab_size=len(model.vocab), **_size(model, model_dir))
+    row.update(in_vocab_figures(model, data, corpus))
     if name in MEMORY:  # this process: the scoring above with the model's binary mapped (and this script)
         row["score_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     if family == "lstm":
@@ -120,6 +128,47 @@ def bench_row(name: str, data: Path, work: Path, minutes: float | None) -> dict:
         row.update(epochs_run=len(hist), valid_curve=[h["valid_ppl"] for h in hist],
                    train_tokens=sum(h["train_tokens"] for h in hist))
     return row
+
+
+def in_vocab_figures(model, data: Path, corpus: str) -> dict:
+    """Test perplexity per word over the words the corpus's word model knows (and </s>): a word model scores an
+    unknown word as one `<unk>` event, a piece model spells it out, so `ppl_per_word` favours the word model by
+    the text's OOV rate; here both are summed over the same in-vocabulary words (pieces summed per word)."""
+    if model.text_spec().unit == "char":
+        return {}
+    stream = encode_text(model, split_path(data, "test"))
+    per_word = word_logp(model, stream, score_tokens(model, stream).logp)
+    known = word_vocabulary(data, corpus)
+    words = [w for line in _lines(split_path(data, "test")) for w in [*line.split(), EOS]]
+    if per_word is None or len(per_word) != len(words):
+        raise SystemExit(f"pieces of {model.text_spec().unit} units did not group into the text's words")
+    keep = np.array([w in known or w == EOS for w in words])  # (W,)
+    return {"test_words_in_vocab": int(keep.sum()),
+            "test_ppl_per_word_in_vocab": math.exp(-float(per_word[keep].sum()) / int(keep.sum()))}
+
+
+def word_logp(model, stream, logp: np.ndarray) -> np.ndarray | None:
+    """(W,) ln p of each white-space word and each </s>, in text order: a word model's tokens, or a piece model's
+    pieces summed from each piece that starts a word (sentencepiece's ▁) to the next."""
+    if model.text_spec().unit == "word":
+        return logp
+    pieces = np.array(model.vocab.itos, dtype=object)[np.asarray(stream.ids)]  # (N,)
+    first = np.array([p.startswith("▁") for p in pieces]) | (np.asarray(stream.ids) == model.vocab.eos_id)
+    first[np.asarray(stream.starts[:-1])] = True  # a sentence's first piece starts its first word
+    return np.add.reduceat(logp, np.flatnonzero(first))
+
+
+def word_vocabulary(data: Path, corpus: str) -> set[str]:
+    """The words of the corpus's word rows: train words (GCIDE: seen at least twice, --min-count 2)."""
+    counts = collections.Counter(w for line in _lines(split_path(data, "train")) for w in line.split())
+    least = 2 if "--min-count" in CORPUS_FLAGS[corpus] else 1
+    return {w for w, c in counts.items() if c >= least}
+
+
+def _lines(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line for line in f.read().split("\n") if line.split()]
 
 
 def _tokenizer(train: Path, tok_dir: Path, pieces: int) -> dict:
@@ -186,9 +235,7 @@ def main() -> None:
 
 def text_words(path: Path) -> int:
     """White-space words and one </s> per non-blank line, counted here from the text itself."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        lines = [line for line in f.read().split("\n") if line.split()]
+    lines = _lines(path)
     return sum(len(line.split()) for line in lines) + len(lines)
 
 
