@@ -82,7 +82,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     rest = rest + (["--prune", " ".join(args.prune)] if args.prune else [])  # kn's config field, lmplz syntax
     result = train_from_cli(args.model, args.data, args.out, args.config, rest, args.resume, args.nproc,
                             init_from=args.init_from, text=args.text, arpa=args.arpa, binary=args.binary,
-                            force=args.force)
+                            force=args.force, counts=args.counts, weighted=args.text_has_weights)
     if result:  # data-parallel ranks other than 0 have nothing to report
         # the model itself on standard output (--arpa -): the report goes to stderr, as lmplz's does
         print(json.dumps(result), file=sys.stderr if "-" in (args.arpa, args.binary) else sys.stdout)
@@ -274,6 +274,10 @@ def _add_train(sub) -> None:
                    help="start from a trained model's weights (same vocabulary and sizes; e.g. rnn -> afp)")
     t.add_argument("--help-config", action="store_true", help="list the family's options and defaults, then exit")
     t.add_argument("--prune", nargs="+", metavar="T", help="kn: lmplz count pruning thresholds per order")
+    t.add_argument("--counts", metavar="A[,B...]", help="kn: estimate from count files instead of text (seqlm count, "
+                   "SRILM's ngram-count -write), merged by summing equal n-grams")
+    t.add_argument("--text-has-weights", action="store_true", help="kn: each training line starts with its weight "
+                   "(SRILM's -text-has-weights); n-gram counts are summed weights")
     t.set_defaults(func=cmd_train, allow_rest=True)
 
 

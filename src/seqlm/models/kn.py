@@ -148,6 +148,11 @@ def estimate_kn(cfg: KNConfig, train: TokenStream, vocab: Vocab) -> NGramModel:
     if vocab.itos[-1] == BOS and vocab.counts[-1] == 0:  # the model vocabulary: <s> appended, never seen
         print("kn: estimation has no epochs to resume; re-estimating from the training text", file=sys.stderr)
         vocab = Vocab(vocab.itos[:-1], vocab.counts[:-1])
+    weights = getattr(train, "weights", None)
+    if weights is not None:  # --text-has-weights: counted with the weights, then estimated as count files are
+        from seqlm.ngram.from_counts import estimate_counted, weighted_model_counts
+
+        return estimate_counted(cfg, weighted_model_counts(train, vocab, cfg.order, weights), vocab)
     if vocab.limit is not None:
         model = estimate_limited(train, vocab, cfg)
     elif not cfg.lmplz:
@@ -159,10 +164,12 @@ def estimate_kn(cfg: KNConfig, train: TokenStream, vocab: Vocab) -> NGramModel:
     return model
 
 
-def estimate_limited(train: TokenStream, vocab: Vocab, cfg: KNConfig) -> NGramModel:
+def estimate_limited(train: TokenStream | None, vocab: Vocab, cfg: KNConfig, counts: NGramCounts | None = None
+                     ) -> NGramModel:
     """lmplz --limit_vocab_file: every word is counted (its continuation counts and discounts stay), then each
     n-gram holding a word from `vocab.limit` on is pruned as --prune prunes (its mass goes to its context's
-    back-off), unigrams too, and the unigram level's uniform share is spread over the words kept."""
+    back-off), unigrams too, and the unigram level's uniform share is spread over the words kept. `counts`: the
+    n-grams already counted, numbered as below (<s> at `vocab.limit`, the words from there on one higher)."""
     if cfg.memory_bytes is not None:
         raise SeqlmError("--memory: bounded-memory estimation cannot prune by a --vocab file yet; drop --memory "
                          "(or give --unk none, which keeps only the file's words from the start)")
@@ -173,11 +180,10 @@ def estimate_limited(train: TokenStream, vocab: Vocab, cfg: KNConfig) -> NGramMo
     if BOS in vocab.stoi:
         raise SeqlmError(f"the training text contains {BOS}, which n-gram models reserve; remove it")
     keep = vocab.limit
-    # <s> goes between the kept words and the others, so that dropping the others leaves every kept id as it is.
-    ids = np.asarray(train.ids, dtype=np.int64)
-    shifted = TokenStream(ids + (ids >= keep), train.starts)
     V = len(vocab) + 1
-    counts = count_ngrams(shifted, keep, V, cfg.order)
+    if counts is None:  # <s> goes between the kept words and the others: dropping the others keeps every kept id
+        ids = np.asarray(train.ids, dtype=np.int64)
+        counts = count_ngrams(TokenStream(ids + (ids >= keep), train.starts), keep, V, cfg.order)
     adjusted = adjust_counts(counts)
     discounts = compute_discounts(adjusted, cfg.fallback)
     marks = _outside_marks(counts, keep, prune_marks(counts, list(cfg.thresholds)))

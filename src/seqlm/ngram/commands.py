@@ -1,5 +1,6 @@
 """The n-gram subcommands for KenLM and SRILM users: `seqlm convert` (ARPA <-> binary), `seqlm query` (KenLM's
-query) and `seqlm prune` (SRILM's ngram -prune / -order, KenLM's filter, on a finished model)."""
+query), `seqlm prune` (SRILM's ngram -prune / -order, KenLM's filter, on a finished model) and `seqlm count`
+(SRILM's ngram-count -write)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def cmd_prune(args: argparse.Namespace, rest: list[str]) -> None:
     print(json.dumps(shrink(_ngram_source(args.src, "prune"), args.dst, args.entropy, args.order, args.vocab)))
 
 
+def cmd_count(args: argparse.Namespace, rest: list[str]) -> None:
+    """Count the n-grams of a text and write them as an SRILM count file (ngram-count -text -order -write)."""
+    from seqlm.ngram.from_counts import count_main
+
+    count_main(args.text, args.data, args.order, args.write_counts, args.text_has_weights, args.force, rest)
+
+
 def _ngram_source(path: str, command: str) -> str:
     """query and convert take n-gram models: a model directory of another family says which family it is and
     what to use instead (not that its model.arpa is missing)."""
@@ -60,7 +68,7 @@ def _ngram_source(path: str, command: str) -> str:
 
 
 def add_ngram_commands(sub) -> None:
-    """Add `convert` and `query` to the `seqlm` subcommand parsers."""
+    """Add `convert`, `query`, `prune` and `count` to the `seqlm` subcommand parsers."""
     cv = sub.add_parser("convert", help=cmd_convert.__doc__)
     cv.add_argument("src", help="ARPA file (.gz ok), binary model or kn model directory")
     cv.add_argument("dst", help="output: binary model (e.g. model.bin), or ARPA when it ends .arpa[.gz]")
@@ -87,3 +95,21 @@ def add_ngram_commands(sub) -> None:
     pr.add_argument("--prune", default=None, help=argparse.SUPPRESS)  # refused with the reason (cmd_prune)
     pr.add_argument("--force", action="store_true", help="replace dst if it exists")
     pr.set_defaults(func=cmd_prune)
+    _add_count(sub)
+
+
+def _add_count(sub) -> None:
+    """`seqlm count`: SRILM's ngram-count -text T -order N -write F (seqlm.ngram.from_counts)."""
+    ct = sub.add_parser("count", help=cmd_count.__doc__, description="The text is read as `seqlm train --model kn` "
+                        "reads it; its reading options (--vocab, --unk, --unit, --raw, --max-vocab, --min-count) "
+                        "follow as --key value. See docs/ngram.md.")
+    ct.add_argument("--text", metavar="FILE", help="the text to count (- = standard input, also read when it is a "
+                    "pipe or a file and neither --text nor --data is given)")
+    ct.add_argument("--data", help="or a dataset name, corpus directory (its train.txt) or text file")
+    ct.add_argument("--order", type=int, default=5, help="count n-grams of orders 1..N (default 5)")
+    ct.add_argument("--write-counts", required=True, metavar="FILE", help="the count file to write (.gz: compressed; "
+                    "- = standard output)")
+    ct.add_argument("--text-has-weights", action="store_true", help="each line starts with its weight (SRILM's "
+                    "-text-has-weights); counts are summed weights")
+    ct.add_argument("--force", action="store_true", help="replace --write-counts if it exists")
+    ct.set_defaults(func=cmd_count, allow_rest=True)

@@ -29,7 +29,9 @@ class NGramCounts:
     vocab_size: int
     bos_id: int
     keys: list[np.ndarray]  # (M_k,) int64, sorted; order k > 1: prefix_id * V + last word
-    counts: list[np.ndarray]  # (M_k,) int64 raw occurrence counts (<s> unigram: number of sentences)
+    # (M_k,) int64 raw occurrence counts (<s> unigram: number of sentences); float64 when fractional (weighted
+    # lines, count files)
+    counts: list[np.ndarray]
     suffix: list[np.ndarray]  # (M_k,) id at order k-1 of the n-gram minus its first word; order 1: -1
 
     @property
@@ -81,17 +83,21 @@ def with_sentence_starts(stream: TokenStream, bos_id: int, clip: int | None = No
     return seq, pos
 
 
-def count_ngrams(stream: TokenStream, bos_id: int, vocab_size: int, order: int) -> NGramCounts:
+def count_ngrams(stream: TokenStream, bos_id: int, vocab_size: int, order: int,
+                 weights: np.ndarray | None = None) -> NGramCounts:
     """Stage `count`: TokenStream (ids with </s> closing each sentence) -> NGramCounts of orders 1..order.
 
     One np.unique per order over all positions: gram[j] holds the id at the current order of the
-    n-gram ending at position j (-1 where it would cross the sentence start).
+    n-gram ending at position j (-1 where it would cross the sentence start). `weights` (S,), one per
+    sentence (SRILM's -text-has-weights): each n-gram counts its sentences' weights summed instead of 1.
     """
     seq, pos = with_sentence_starts(stream, bos_id, clip=order if order < 256 else None)
     V = vocab_size
     small = id_dtype(len(seq))  # ids of n-grams at any order, and of their suffixes
+    at_pos = None if weights is None else np.repeat(np.asarray(weights, dtype=np.float64), np.diff(stream.starts) + 1)
     keys = [np.arange(V, dtype=np.int64)]
-    counts = [np.bincount(seq, minlength=V).astype(np.int64)]  # (V,) <s> counted once per sentence
+    counts = [np.bincount(seq, minlength=V).astype(np.int64) if at_pos is None  # (V,) <s> once per sentence
+              else weighted_counts(np.bincount(seq, weights=at_pos, minlength=V))]
     suffix = [np.full(V, -1, dtype=small)]
     gram = seq  # (L,) order-1 ids are word ids
     for k in range(2, order + 1):
@@ -102,7 +108,7 @@ def count_ngrams(stream: TokenStream, bos_id: int, vocab_size: int, order: int) 
         uniq, first, inverse, cnt = unique(key, overwrite=True)  # big temporaries reused: this is the peak
         del key
         keys.append(uniq)
-        counts.append(cnt)
+        counts.append(cnt if at_pos is None else weighted_counts(np.bincount(inverse, at_pos[at], len(uniq))))
         suffix.append(gram[at[first]].astype(small, copy=False))  # (M_k,) the (k-1)-gram ending where each ends
         del first, cnt
         gram = np.full(len(seq), -1, dtype=small) if gram is seq else gram  # (L,)
@@ -110,6 +116,13 @@ def count_ngrams(stream: TokenStream, bos_id: int, vocab_size: int, order: int) 
         gram[at] = inverse
         del at, inverse
     return NGramCounts(V, bos_id, keys, counts, suffix)
+
+
+def weighted_counts(summed: np.ndarray) -> np.ndarray:
+    """Counts summed as float64 (np.bincount's weights) as int64 when every one is a whole number, so that
+    whole weights count exactly as repeated lines do; fractional counts stay float64."""
+    whole = np.all(summed == np.floor(summed)) and float(summed.max(initial=0)) < 2.0**53
+    return summed.astype(np.int64) if whole else summed
 
 
 def unique(key: np.ndarray, overwrite: bool = False, runs: bool = False, inverse: bool = True

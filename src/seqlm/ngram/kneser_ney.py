@@ -166,7 +166,7 @@ def drop_pruned(
 
 
 def estimate(
-    stream: TokenStream,
+    stream: TokenStream | None,
     vocab_size: int,
     bos_id: int,
     order: int,
@@ -197,15 +197,22 @@ def estimate_model(
     stream: TokenStream, vocab: Vocab, order: int, fallback: tuple[float, float, float] = FALLBACK_DISCOUNTS,
     prune: tuple[int, ...] = (0,),
     memory: int | None = None,
+    counts: NGramCounts | None = None,
 ) -> NGramModel:
     """Estimate a KN model from `stream`, encoded with the training `vocab` (which has no <s>).
 
     `prune`: lmplz's --prune thresholds; `memory`: bytes of working space (None: all in memory).
+    `counts`: the n-grams already counted over the model's vocabulary (weighted lines, count files; then
+    `stream` is not read).
 
     The model's vocabulary is `vocab` with <s> appended, so training ids stay valid model ids.
     """
     if BOS in vocab.stoi:
         raise SeqlmError(f"the training text contains {BOS}, which n-gram models reserve; remove it")
+    if counts is not None:
+        model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])
+        keys, log_p, backoffs, _ = estimate(None, len(model_vocab), model_vocab.bos_id, order, fallback, prune, counts)
+        return NGramModel(model_vocab, keys, log_p, backoffs)
     if len(stream.ids) and (int(np.max(stream.ids)) >= len(vocab) or int(np.min(stream.ids)) < 0):
         raise SeqlmError("training ids outside the vocabulary; re-encode the text with this vocabulary")
     model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])

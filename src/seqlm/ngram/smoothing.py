@@ -78,14 +78,14 @@ class Tables:
     pruned: list[np.ndarray] | None  # (M_k,) bool per order, or None
 
 
-def estimate_smoothed(stream: TokenStream, vocab: Vocab, order: int, spec: Smoothing,
-                      prune: tuple[int, ...]) -> NGramModel:
-    """Estimate with `spec` from `stream`, encoded with the training `vocab` (no <s>); the model's vocabulary
-    is `vocab` with <s> appended, as kneser_ney.estimate_model makes it."""
+def estimate_smoothed(stream: TokenStream | None, vocab: Vocab, order: int, spec: Smoothing,
+                      prune: tuple[int, ...], counts: NGramCounts | None = None) -> NGramModel:
+    """Estimate with `spec` from `stream`, encoded with the training `vocab` (no <s>), or from `counts` already
+    made over the model's vocabulary, which is `vocab` with <s> appended, as kneser_ney.estimate_model makes it."""
     if BOS in vocab.stoi:
         raise SeqlmError(f"the training text contains {BOS}, which n-gram models reserve; remove it")
     model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])
-    t = estimate_tables(stream, len(model_vocab), model_vocab.bos_id, order, spec, prune)
+    t = estimate_tables(stream, len(model_vocab), model_vocab.bos_id, order, spec, prune, counts)
     log_p = [np.maximum(_log10_f32(p), np.float32(LOG10_ZERO)) for p in t.prob]  # (M_k,)
     log_p[0][model_vocab.bos_id] = BOS_LOG10
     log_bo = [np.maximum(_log10_f32(b), np.float32(LOG10_ZERO)) for b in t.backoff]  # (M_k,) k < N
@@ -95,12 +95,13 @@ def estimate_smoothed(stream: TokenStream, vocab: Vocab, order: int, spec: Smoot
     return NGramModel(model_vocab, keys, log_p, log_bo)
 
 
-def estimate_tables(stream: TokenStream, vocab_size: int, bos_id: int, order: int, spec: Smoothing,
-                    prune: tuple[int, ...]) -> Tables:
-    """Count, discount and assemble: TokenStream -> float64 probabilities and back-offs per order."""
+def estimate_tables(stream: TokenStream | None, vocab_size: int, bos_id: int, order: int, spec: Smoothing,
+                    prune: tuple[int, ...], counts: NGramCounts | None = None) -> Tables:
+    """Count (unless `counts` are given), discount and assemble: float64 probabilities and back-offs per order."""
     if spec.method not in METHODS:
         raise SeqlmError(f"--smoothing must be one of {', '.join(METHODS)}; got {spec.method!r}")
-    counts = count_ngrams(stream, bos_id, vocab_size, order)
+    if counts is None:
+        counts = count_ngrams(stream, bos_id, vocab_size, order)
     pruned = prune_marks(counts, list(prune))
     alpha, gamma = discounted(counts, counts_read(counts, spec.method), spec, pruned)
     prob, backoff = assemble(counts, alpha, gamma, spec.interpolated, pruned)
@@ -112,7 +113,7 @@ def counts_read(counts: NGramCounts, method: str) -> list[np.ndarray]:
     count tables give the <s> unigram the number of sentences, but it is never predicted)."""
     if method in ADJUSTED:
         return adjust_counts(counts)
-    raw = [c.astype(np.int64) for c in counts.counts]  # copies: counts stays as it was
+    raw = [c.astype(c.dtype if c.dtype.kind == "f" else np.int64) for c in counts.counts]  # copies; fractional stay
     raw[0][counts.bos_id] = 0
     return raw
 

@@ -189,16 +189,25 @@ def _export(out_dir: Path, exports: dict[str, str | None]) -> None:
 def train_from_cli(name: str | None, data: str | None, out: str | None, config_file: str | None, rest: list[str],
                    resume: bool = False, nproc: int = 1, session_minutes: float = 0.0,
                    init_from: str | None = None, text: str | None = None, arpa: str | None = None,
-                   binary: str | None = None, force: bool = False) -> dict:
-    """Train `name` on --data / --text / standard input into --out; kn also to --arpa / --binary files.
-    Without --out but with --arpa or --binary, the model directory is a temporary one."""
+                   binary: str | None = None, force: bool = False, counts: str | None = None,
+                   weighted: bool = False) -> dict:
+    """Train `name` on --data / --text / standard input into --out; kn also to --arpa / --binary files, from
+    --counts files, or from lines that start with weights. Without --out but with --arpa or --binary, the model
+    directory is a temporary one."""
     name = name or DEFAULT_FAMILY
     exports = {"arpa": arpa, "binary": binary}
-    _check_exports(name, exports, force, resume, out, [data, text])
+    _check_exports(name, exports, force, resume, out, [data, text, *(counts.split(",") if counts else [])])
     with tempfile.TemporaryDirectory(prefix="seqlm-train-") as scratch:
         out_dir = Path(out) if out else Path(scratch) / "model" if arpa or binary else Path(f"runs/{name}")
-        result = _train(name, data, text, out_dir, config_file, rest, resume, nproc, session_minutes, init_from,
-                        Path(scratch), force)
+        if counts is not None:  # seqlm.ngram.from_counts: no text to read
+            from seqlm.ngram.from_counts import train_counts
+
+            refused = {"--data/--text (a text to count)": bool(data or text), "--resume": resume, "--nproc": nproc > 1,
+                       "--init-from": bool(init_from), "--text-has-weights": weighted}
+            result = train_counts(name, counts, out_dir, config_file, rest, force, refused)
+        else:
+            result = _train(name, data, text, out_dir, config_file, rest, resume, nproc, session_minutes, init_from,
+                            Path(scratch), force, weighted)
         if result:
             _export(out_dir, exports)
             result.update({k: v for k, v in exports.items() if v})
@@ -209,7 +218,7 @@ def train_from_cli(name: str | None, data: str | None, out: str | None, config_f
 
 def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_file: str | None, rest: list[str],
            resume: bool, nproc: int, session_minutes: float, init_from: str | None, scratch: Path,
-           force: bool = False) -> dict:
+           force: bool = False, weighted: bool = False) -> dict:
     if nproc < 1:
         raise SeqlmError(f"--nproc must be at least 1, got {nproc}")
     if out_dir.exists() and not out_dir.is_dir():
@@ -218,6 +227,8 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     cfg, data_cfg = _configs(name, out_dir, config_file, rest, resume)  # every flag checked before any work
     if data_cfg.arpa_encoding != "plain" and not isinstance(cfg, KNConfig):
         raise SeqlmError(f"--arpa-encoding {data_cfg.arpa_encoding} names the words of an ARPA file: --model kn only")
+    if weighted and not isinstance(cfg, KNConfig):
+        raise SeqlmError(f"--text-has-weights: weighted lines are counted by --model kn, not {name}; drop it")
     units = reading(data_cfg)  # a tokenizer is loaded (and checked) before any work too
     if resume and isinstance(family(name), NeuralFamily):  # kn re-estimates: the same text, the same model
         check_resumable(out_dir)
@@ -231,11 +242,17 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
     if spawn:
         _check_parallel(name, nproc, cfg)
     cache = texts["train"].parent != scratch  # spooled standard input leaves nothing in the cache
-    vocab = _vocabulary(texts["train"], data_cfg, cfg, out_dir if resume else None, cache, units)
+    if weighted:  # lines that start with weights: vocabulary and ids of weighted counts (seqlm.ngram.weighted)
+        from seqlm.ngram.weighted import read_weighted
+
+        vocab, weighted_train = read_weighted(texts["train"], data_cfg, units, scratch)
+    else:
+        vocab = _vocabulary(texts["train"], data_cfg, cfg, out_dir if resume else None, cache, units)
     # Every split is read (and cached) now: a bad test file fails before training, not after it, and
     # `--nproc` workers find the vocabulary and the ids cached instead of each reading the corpus again.
     train, valid, _ = (encode_file(path, vocab, data_cfg.raw, unit=units, use_cache=cache)
-                       if path else None for path in texts.values())
+                       if path and not (weighted and split == "train") else None for split, path in texts.items())
+    train = weighted_train if weighted else train
     if replace:  # the old model goes only now, when the new one is about to be written
         clear_model(out_dir)
     if spawn:
