@@ -91,7 +91,7 @@ def add_ngram_commands(sub) -> None:
                     help="drop n-grams whose removal raises the relative entropy less than this (SRILM -prune)")
     pr.add_argument("--order", type=int, default=0, help="keep orders 1..N only (SRILM -order)")
     pr.add_argument("--vocab", default="", help="keep the n-grams of these words only, numbers unchanged "
-                    "(KenLM filter): a word list (one a line) or a text")
+                    "(KenLM filter): a word list, one a line (a model's vocab.txt works)")
     pr.add_argument("--prune", default=None, help=argparse.SUPPRESS)  # refused with the reason (cmd_prune)
     pr.add_argument("--force", action="store_true", help="replace dst if it exists")
     pr.set_defaults(func=cmd_prune)

@@ -14,11 +14,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from seqlm.data.vocab import BOS, EOS, UNK, Vocab
+from seqlm.data.vocab import BOS, EOS, UNK, Vocab, read_word_list
 from seqlm.errors import SeqlmError
 from seqlm.ngram.files import load_tables
 from seqlm.ngram.model import NGramModel
@@ -57,19 +55,6 @@ def restrict_vocab(model: NGramModel, words: set[str]) -> NGramModel:
     return NGramModel(vocab, keys, probs, backs)
 
 
-def read_word_list(path: str) -> set[str]:
-    """Words of a vocabulary file: one a line, anything after a tab ignored (a model's vocab.txt works);
-    white-space separated words on a line are all taken (a text file works too, as KenLM's filter reads it)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SeqlmError(f"--vocab {path}: {e}") from None
-    words = {w for line in text.splitlines() for w in line.split("\t")[0].split()}
-    if not words:
-        raise SeqlmError(f"--vocab {path} lists no words")
-    return words
-
-
 def shrink(src: str, dst: str, entropy: float = 0.0, order: int = 0, vocab: str = "") -> dict:
     """Read `src`, apply order reduction, vocabulary restriction, then entropy pruning (each given one), and
     write `dst` (ARPA when it ends .arpa[.gz], else seqlm's binary)."""
@@ -80,7 +65,9 @@ def shrink(src: str, dst: str, entropy: float = 0.0, order: int = 0, vocab: str 
         raise SeqlmError("give what to prune: --entropy T, --order N and/or --vocab FILE")
     if not entropy >= 0:
         raise SeqlmError(f"--entropy must be >= 0 (e.g. 1e-8), got {entropy}")
-    words = read_word_list(vocab) if vocab else None
+    words = set(read_word_list(vocab)) if vocab else None
+    if words is not None and not words:
+        raise SeqlmError(f"--vocab {vocab} lists no words")
     model = load_tables(src)
     before = model.sizes
     if order:
