@@ -205,6 +205,9 @@ class TokenStream:
     starts: np.ndarray
     # --unit token: the text's white-space words (</s> not counted), for eval's ppl_per_word; None otherwise
     words: int | None = None
+    # --text-has-weights (kn): (S,) float64 each sentence's weight, its n-grams count it (ngram/weighted.py); None
+    # otherwise: every sentence counts once
+    weights: np.ndarray | None = None
 
     @property
     def num_sentences(self) -> int:

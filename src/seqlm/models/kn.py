@@ -148,11 +148,10 @@ def estimate_kn(cfg: KNConfig, train: TokenStream, vocab: Vocab) -> NGramModel:
     if vocab.itos[-1] == BOS and vocab.counts[-1] == 0:  # the model vocabulary: <s> appended, never seen
         print("kn: estimation has no epochs to resume; re-estimating from the training text", file=sys.stderr)
         vocab = Vocab(vocab.itos[:-1], vocab.counts[:-1])
-    weights = getattr(train, "weights", None)
-    if weights is not None:  # --text-has-weights: counted with the weights, then estimated as count files are
+    if train.weights is not None:  # --text-has-weights: counted with the weights, then estimated as count files are
         from seqlm.ngram.from_counts import estimate_counted, weighted_model_counts
 
-        return estimate_counted(cfg, weighted_model_counts(train, vocab, cfg.order, weights), vocab)
+        return estimate_counted(cfg, weighted_model_counts(train, vocab, cfg.order, train.weights), vocab)
     if vocab.limit is not None:
         model = estimate_limited(train, vocab, cfg)
     elif not cfg.lmplz:

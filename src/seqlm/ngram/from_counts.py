@@ -166,7 +166,7 @@ def count_main(text: str | None, data: str | None, order: int, dest: str, weight
             stream = encode_file(path, vocab, data_cfg.raw, use_cache=path.parent != Path(scratch), unit=units)
         if BOS in vocab.stoi:
             raise SeqlmError(f"the training text contains {BOS}, which n-gram models reserve; remove it")
-        counts = count_ngrams(stream, len(vocab), len(vocab) + 1, order, getattr(stream, "weights", None))
+        counts = count_ngrams(stream, len(vocab), len(vocab) + 1, order, stream.weights)
         sizes = write_counts(dest, counts, vocab.itos + [BOS], first_seen(stream, len(vocab) + 1, len(vocab)))
     report = {"counts": dest, "order": order, "ngrams": sizes, "sentences": int(stream.num_sentences),
               "fractional": is_fractional(counts)}

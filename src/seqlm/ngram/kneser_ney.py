@@ -209,16 +209,12 @@ def estimate_model(
     """
     if BOS in vocab.stoi:
         raise SeqlmError(f"the training text contains {BOS}, which n-gram models reserve; remove it")
-    if counts is not None:
-        model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])
-        keys, log_p, backoffs, _ = estimate(None, len(model_vocab), model_vocab.bos_id, order, fallback, prune, counts)
-        return NGramModel(model_vocab, keys, log_p, backoffs)
-    if len(stream.ids) and (int(np.max(stream.ids)) >= len(vocab) or int(np.min(stream.ids)) < 0):
-        raise SeqlmError("training ids outside the vocabulary; re-encode the text with this vocabulary")
     model_vocab = Vocab(vocab.itos + [BOS], vocab.counts + [0])
-    if memory is not None:  # every stage on tables in files, pruning included (external_estimate.py)
+    if counts is None and len(stream.ids) and (int(np.max(stream.ids)) >= len(vocab) or int(np.min(stream.ids)) < 0):
+        raise SeqlmError("training ids outside the vocabulary; re-encode the text with this vocabulary")
+    if memory is not None and counts is None:  # every stage on tables in files, pruning included (external_estimate)
         from seqlm.ngram.external_estimate import estimate_bounded
 
         return estimate_bounded(stream, model_vocab, order, fallback, memory, prune=tuple(prune))
-    keys, log_p, backoffs, _ = estimate(stream, len(model_vocab), model_vocab.bos_id, order, fallback, prune)
+    keys, log_p, backoffs, _ = estimate(stream, len(model_vocab), model_vocab.bos_id, order, fallback, prune, counts)
     return NGramModel(model_vocab, keys, log_p, backoffs)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,24 +25,17 @@ from seqlm.ngram.counts import weighted_counts
 _WEIGHT = re.compile(r"\+?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")  # no sign (a negative weight), no nan or inf
 
 
-@dataclass
-class WeightedStream(TokenStream):
-    """A training text whose sentences carry weights, (S,) float64: kn counts each n-gram as the weights of the
-    sentences it occurs in, summed (seqlm.models.kn.estimate_kn)."""
-
-    weights: np.ndarray | None = None
-
-
-def read_weighted(src: Path, data: DataConfig, units, scratch: Path) -> tuple[Vocab, WeightedStream]:
-    """The vocabulary and the encoded text of the weighted training text `src`, read through a copy without the
-    weights in `scratch`; an error about the copy (a word outside a closed vocabulary) names `src` and its line."""
+def read_weighted(src: Path, data: DataConfig, units, scratch: Path) -> tuple[Vocab, TokenStream]:
+    """The vocabulary and the encoded text (its `weights` set) of the weighted training text `src`, read through a
+    copy without the weights in `scratch`; an error about the copy (a word outside a closed vocabulary) names `src`
+    and its line."""
     dest, weights = strip_weights(src, scratch, data.raw)
     try:
         vocab = weighted_vocab(dest, data, units, weights)
         stream = encode_file(dest, vocab, data.raw, use_cache=False, unit=units)
     except SeqlmError as e:
         raise SeqlmError(str(e).replace(str(dest), str(src))) from None
-    return vocab, WeightedStream(stream.ids, stream.starts, stream.words, weights)
+    return vocab, TokenStream(stream.ids, stream.starts, stream.words, weights)
 
 
 def strip_weights(src: Path, scratch: Path, raw: bool) -> tuple[Path, np.ndarray]:
