@@ -97,9 +97,11 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> None:
     if args.iterations is not None:  # another history rule for an Elman model (seqlm.models.afp)
         from seqlm.models.afp import parse_iterations, with_iterations
         model = with_iterations(model, parse_iterations(args.iterations))
-    if args.dynamic_lr is not None or args.dynamic_segment is not None:  # seqlm.eval.dynamic
+    dynamic = ("lr", "segment", "rule", "decay", "stats", "stats_tokens")
+    if any(getattr(args, f"dynamic_{k}") is not None for k in dynamic):  # seqlm.eval.dynamic
         from seqlm.eval.dynamic import Dynamic
-        model = Dynamic(model, args.dynamic_lr, args.dynamic_segment)
+        model = Dynamic(model, args.dynamic_lr, args.dynamic_segment, args.dynamic_rule or "sgd", args.dynamic_decay,
+                        args.dynamic_stats, args.dynamic_stats_tokens)
     result = evaluate(model, _text_stream(model, args), stream_mode=args.stream)
     print(json.dumps(result | model.settings() | ({"peeks": args.peek_note} if args.peek_note else {})))
 
@@ -309,6 +311,15 @@ def _add_eval_score(sub) -> None:
                    "one SGD step of this rate on it (rnn, afp, lstm, transformer; the model on disk is not changed)")
     e.add_argument("--dynamic-segment", type=int, metavar="N", help="dynamic evaluation: tokens per segment "
                    "(default 20; without --stream, whole sentences holding at least N)")
+    e.add_argument("--dynamic-rule", choices=["sgd", "rms"], help="dynamic evaluation's update: sgd (default: "
+                   "plain SGD) or rms (Krause et al. 2018: the step divided by the root mean square of gradients "
+                   "collected on --dynamic-stats, with a decay toward the trained weights)")
+    e.add_argument("--dynamic-decay", type=float, metavar="LAMBDA", help="--dynamic-rule rms: the decay toward the "
+                   "trained weights (default 0.002, Krause et al.'s for 5-token segments)")
+    e.add_argument("--dynamic-stats", metavar="FILE", help="--dynamic-rule rms: the training text its gradient "
+                   "statistics are collected on (the weights are not changed meanwhile)")
+    e.add_argument("--dynamic-stats-tokens", type=int, metavar="N", help="--dynamic-rule rms: the first whole "
+                   "sentences of --dynamic-stats holding at least N tokens (default 20000)")
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("score", help=cmd_score.__doc__)
