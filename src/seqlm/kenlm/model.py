@@ -3,7 +3,9 @@ through neural.py's NeuralScorer; both answer the same calls, and this class add
 (its errors, float32 sentence sums, `<unk>` not "in" the model).
 
 Every per-word call (BaseScore, BaseFullScore) is bound straight to the scorer's method when the model
-is loaded, so a decoder calling it once per word pays no extra Python frame for the wrapper.
+is loaded, so a decoder calling it once per word pays no extra Python frame for the wrapper; so are score
+and full_scores on an n-gram model where its compiled loops are built (the sentence split and every word
+looked up in C, as kenlm's Cython does).
 """
 
 from __future__ import annotations
@@ -13,20 +15,33 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
-from seqlm.ngram.query import FullScoreReturn, NGramQuery, State  # noqa: F401 (kenlm's names, re-exported)
+from seqlm.ngram.query import FullScoreReturn, NGramQuery, state_type  # noqa: F401 (kenlm's name, re-exported)
 from seqlm.protocol import Capabilities, TextSpec, require
+
+if TYPE_CHECKING:
+    from seqlm.ngram.query import PyState as State
+
+
+def __getattr__(name: str):
+    if name == "State":  # kenlm.State: query.state_type(), chosen on first use
+        return state_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 LN10 = math.log(10.0)
 
 
 class LoadMethod:
-    """kenlm's load methods (Config.load_method); seqlm maps binary files lazily whatever is chosen."""
+    """kenlm's load methods (Config.load_method). seqlm maps binary files lazily whatever is chosen; LAZY also
+    leaves out the per-call entry tables (seqlm.ngram.scalar: 24 bytes an n-gram of this process's memory),
+    so that processes which each open the model share all of it, at one more cache miss a lookup."""
 
     LAZY, POPULATE_OR_LAZY, POPULATE_OR_READ, READ, PARALLEL_READ = range(5)
 
@@ -38,7 +53,7 @@ class ARPALoadComplain:
 
 
 class Config:
-    """kenlm.Config: loading knobs. Accepted for compatibility; none changes a score."""
+    """kenlm.Config: loading knobs. Accepted for compatibility; none changes a score (LoadMethod.LAZY: memory)."""
 
     def __init__(self) -> None:
         self.load_method = LoadMethod.POPULATE_OR_READ  # kenlm's default
@@ -58,7 +73,7 @@ class Model:
         require(lm, words="seqlm.kenlm (kenlm's calls; seqlm.score_text reads any model's text)")
         self._lm = lm
         if isinstance(lm, NGramModel):
-            self._scorer = NGramQuery(lm)
+            self._scorer = NGramQuery(lm, entries=self.config.load_method != LoadMethod.LAZY)
         else:
             from seqlm.kenlm.neural import NeuralScorer
 
@@ -69,13 +84,16 @@ class Model:
         self._stoi, self._unk = self.vocab.stoi, self.vocab.unk_id
         # the per-word calls: the scorer's bound methods themselves, shadowing the methods below
         self.BaseScore, self.BaseFullScore = self._scorer.BaseScore, self._scorer.BaseFullScore
+        calls = self._scorer.compiled_sentence_calls() if isinstance(self._scorer, NGramQuery) else None
+        if calls is not None:  # and the sentence calls, one compiled call a sentence
+            self.score, self.full_scores = calls
         self._distribution = self._ngram_distribution if isinstance(lm, NGramModel) else self._scorer.next_distribution
 
     def __repr__(self) -> str:
         return f"<Model from {os.path.basename(self.path)!r}>"
 
     def __reduce__(self):
-        return type(self), (self.path,)
+        return type(self), (self.path, self.config)
 
     def __contains__(self, word: str) -> bool:
         """True for a word the model knows; False for <unk> itself, as kenlm."""

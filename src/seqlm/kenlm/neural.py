@@ -24,15 +24,18 @@ import threading
 import weakref
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import model_device
-from seqlm.ngram.query import FullScoreReturn, State
+from seqlm.ngram.query import FullScoreReturn
 from seqlm.protocol import LanguageModel, Prefixes, cat_states, context_order, select_state
+
+if TYPE_CHECKING:
+    from seqlm.ngram.query import PyState as State
 
 LN10 = math.log(10.0)
 MAX_ROWS = 256  # the most pending nodes stepped in one call

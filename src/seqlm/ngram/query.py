@@ -20,9 +20,10 @@ is this class for n-gram files, with the kenlm module's own float32 sentence sum
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,12 +35,16 @@ from seqlm.ngram.native import extension
 from seqlm.ngram.scalar import scalar_scorer
 
 
-class State:
+class PyState:
     """What a decoder must remember: for an n-gram model `words[k-1]` is the id at order k of the n-gram of
     the last k words (order 1: the last word's id; -1 where not listed), for k up to the longest n-gram
     matched (at most N-1), as NGramModel.score_word keeps it; for a neural model (seqlm.kenlm.neural) a
     node of the history. Two states with equal `words` give identical scores from here on, so hypotheses
     can be recombined, as with kenlm.
+
+    `State` (`seqlm.kenlm.State`, `seqlm.ngram.State`) is _state.cpp's twin of this class where the compiled
+    n-gram loops are built: the same attribute and behaviour, its ids held in the object, so that BaseScore
+    makes no Python object per call. This class is what runs without them.
     """
 
     __slots__ = ("words",)
@@ -48,7 +53,7 @@ class State:
         self.words = words  # kenlm's fresh State: no context (an n-gram model scores unigrams from it)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, State) and self.words == other.words
+        return isinstance(other, PyState) and self.words == other.words
 
     def __hash__(self) -> int:
         return hash(self.words)
@@ -56,11 +61,27 @@ class State:
     def __repr__(self) -> str:
         return f"State(words={self.words!r})"
 
-    def __copy__(self) -> State:
-        return State(self.words)
+    def __copy__(self) -> PyState:
+        return PyState(self.words)
 
-    def __deepcopy__(self, memo: dict) -> State:
+    def __deepcopy__(self, memo: dict) -> PyState:
         return self.__copy__()  # the contents are immutable (a tuple, or a node shared by design)
+
+
+if TYPE_CHECKING:
+    State = PyState
+
+
+def state_type() -> type:
+    """The State class decoders use: the compiled one (_state.cpp), or PyState where it is not built."""
+    ext = extension()
+    return ext.State if ext is not None else PyState
+
+
+def __getattr__(name: str):
+    if name == "State":  # chosen on first use: importing seqlm builds nothing
+        return state_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class FullScoreReturn:
@@ -153,23 +174,30 @@ class NGramQuery:
     next-word distribution (`next_distribution`). NGramModel is the model (tables, estimation, ARPA, the
     LanguageModel protocol); this is how a decoder or a KenLM user asks it things."""
 
-    def __init__(self, model: str | Path | NGramModel):
+    def __init__(self, model: str | Path | NGramModel, entries: bool = True):
         # KenLM's tables (blanks added where a suffix is missing), so that matched lengths are kenlm's
         self.model = with_suffix_blanks(model if isinstance(model, NGramModel) else load_tables(model))
         self.vocab = self.model.vocab
         self.order = self.model.order
         v = self.vocab
         self._stoi, self._unk, self._bos, self._eos = v.stoi, v.unk_id, v.bos_id, v.eos_id
-        self._scalar = scalar_scorer(self.model, v.stoi, v.unk_id)  # compiled, or on score_word
+        # compiled (its tables list every suffix: with_suffix_blanks), or on score_word
+        self._scalar = scalar_scorer(self.model, v.stoi, v.unk_id, v.bos_id, v.eos_id, closed=True, entries=entries)
         self._compiled = extension() is not None
+        self._entries = entries
         # the per-word call is the scorer's own method: a decoder pays no wrapper frame per word
         self.BaseScore = self._scalar.base_score
 
     def __repr__(self) -> str:
         return f"NGramQuery(order={self.order}, sizes={self.model.sizes})"
 
+    def compiled_sentence_calls(self) -> tuple[Callable, Callable] | None:
+        """kenlm.Model's score and full_scores, (sentence: str or UTF-8 bytes, bos=True, eos=True) each, as one
+        compiled call a sentence (split, looked up, walked, summed in float32 as kenlm); None without them."""
+        return (self._scalar.kenlm_score, self._scalar.kenlm_full_scores) if self._compiled else None
+
     def __reduce__(self):
-        return type(self), (self.model,)  # the compiled scorer is rebuilt; a mapped model maps its file again
+        return type(self), (self.model, self._entries)  # the compiled scorer is rebuilt; a mapped model maps again
 
     def __contains__(self, word: str) -> bool:
         return word in self._stoi

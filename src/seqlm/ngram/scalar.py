@@ -34,14 +34,22 @@ def tables(model: NGramModel) -> tuple[np.ndarray, list[tuple]]:
     return _native(model.log10_prob[0], "f4"), orders
 
 
-def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, compiled_only: bool = False):
+def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, bos: int = -1, eos: int = -1,
+                  closed: bool = False, entries: bool = True, compiled_only: bool = False):
     """The compiled scorer when it can be built, else ScalarScorer (None if compiled_only): both have
-    score, walk, full_scores, sentence_score, stream and base_score."""
+    score, walk, full_scores, sentence_score, stream and base_score; the compiled one also kenlm_score and
+    kenlm_full_scores (kenlm.Model's calls on a sentence), given the ids of <s> and </s>.
+
+    `closed`: the model lists every suffix of every n-gram (query.with_suffix_blanks), so the compiled walk
+    stops at the first order that misses, as KenLM's does (otherwise it probes every order). `entries`: the
+    compiled scorer copies every order into an entry table (key, id and log10 p side by side: one cache miss a
+    probe where the model's slot table costs two; 24 bytes an n-gram of this process's memory, as KenLM's
+    probing tables); without, it probes the model's own tables only (mapped from a binary file: shared)."""
     ext = extension()
     if ext is None and compiled_only:
         return None
     if ext is not None:
-        return ext.Scorer(len(model.vocab), model.order - 1, *tables(model), stoi, unk)
+        return ext.Scorer(len(model.vocab), model.order - 1, *tables(model), stoi, unk, bos, eos, closed, entries)
     return ScalarScorer(model, stoi, unk)
 
 

@@ -1,0 +1,186 @@
+// The per-token walk of seqlm.ngram's compiled Scorer (_native.cpp), shared with its kenlm calls
+// (_kenlm_calls.cpp): the tables, one token's probes, and a context read from or written to a Python tuple.
+#pragma once
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_ORDERS 63  // orders above the unigrams (NGramModel allows N <= 64)
+#define LANES 16       // sentences `stream` walks side by side, so that their cache misses overlap
+
+// A slot of the entry table: the key, its n-gram's id and log10 p side by side, so that a lookup costs one
+// cache miss (the slot table alone costs two: the slot, then keys[id]); row EMPTY: an empty slot.
+typedef struct {
+    int64_t key;
+    uint32_t row;
+    float prob;
+} Entry;
+#define EMPTY UINT32_MAX
+
+typedef struct {
+    Entry *ent;           // (nent,) keys, ids, log10 p; NULL (the slots are probed) when not wanted or past 2^32-1 keys
+    Py_ssize_t nent;      // 1.5 x the n-grams: 24 bytes an n-gram, as KenLM's probing tables
+    const int64_t *keys;  // (M,) sorted trie keys of this order
+    const float *probs;   // (M,) log10 p
+    const float *backoff; // back-off of the order below (the context's)
+    const void *slots;    // hash slots (index.py), int32 or int64
+    Py_ssize_t nkeys, nbackoff, nslots;
+    int slot64, shift;
+    uint64_t mask;
+} Order;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t V;
+    int n, cut;            // orders above the unigrams (N-1); a state keeps at most `cut` ids
+    int closed;            // every suffix of every n-gram is listed: a miss ends the walk (finish)
+    const float *unigram;  // (V,)
+    PyObject *stoi;        // word -> id (BaseScore)
+    long unk, bos, eos;    // ids (bos, eos: -1 where not given; the sentence calls need them)
+    PyObject *owners;      // the arrays the pointers point into, kept alive
+    Order ord[MAX_ORDERS];
+} Scorer;
+
+static inline int64_t slot_at(const Order *o, uint64_t pos) {
+    return o->slot64 ? ((const int64_t *)o->slots)[pos] : ((const int32_t *)o->slots)[pos];
+}
+
+// An entry table's home slot of key q: its Fibonacci hash scaled to the table's size (any size, not a power of two).
+static inline uint64_t entry_home(const Order *o, int64_t q) {
+    return (uint64_t)(((unsigned __int128)((uint64_t)q * 0x9E3779B97F4A7C15ULL) * (uint64_t)o->nent) >> 64);
+}
+
+extern PyObject *WORDS;  // interned "words": the State attribute
+
+
+
+// The id of key q among o's keys, its probe begun at `pos` holding `hit`; -1 if absent (or the table is corrupt).
+static inline int64_t probe(const Order *o, int64_t q, uint64_t pos, int64_t hit) {
+    for (;;) {
+        if (hit < 0 || hit >= o->nkeys) return -1;
+        if (o->keys[hit] == q) return hit;
+        if ((Py_ssize_t)++pos >= o->nslots) return -1;
+        hit = slot_at(o, pos);
+    }
+}
+
+// The same search on the entry table: the id of key q (its log10 p into *prob), -1 if absent.
+static inline int64_t probe_entry(const Order *o, int64_t q, uint64_t pos, float *prob) {
+    for (;;) {  // the table is never full: an empty slot ends every search
+        const Entry *e = &o->ent[pos];
+        if (e->row == EMPTY) return -1;
+        if (e->key == q) { *prob = e->prob; return e->row; }
+        pos = pos + 1 == (uint64_t)o->nent ? 0 : pos + 1;
+    }
+}
+
+// One token in flight: the word, its context (ids at orders 1..n) and its probes. The orders' probes do
+// not depend on each other (each needs only its own context id), so a token's memory reads are issued in
+// rounds (begin: home slots; gather: keys, values, back-offs; finish: the walk), and `stream` runs the
+// rounds over several sentences at once, so that their cache misses overlap.
+typedef struct {
+    int64_t word, ctx[MAX_ORDERS + 1];
+    int n;
+    uint64_t pos[MAX_ORDERS];
+    int64_t hit[MAX_ORDERS];
+} Token;
+
+static inline int begin(const Scorer *s, Token *x) {
+    if (!s->unigram) { PyErr_SetString(PyExc_RuntimeError, "Scorer is not initialised"); return -1; }
+    if (x->word < 0 || x->word >= s->V) { PyErr_SetString(PyExc_IndexError, "word id out of range"); return -1; }
+    if (x->n > s->n) x->n = s->n;
+    __builtin_prefetch(s->unigram + x->word);
+    for (int k = 0; k < x->n; k++) {
+        const Order *o = &s->ord[k];
+        int64_t c = x->ctx[k];
+        if (c < 0) continue;
+        if (c >= o->nbackoff) { PyErr_SetString(PyExc_IndexError, "context id out of range"); return -1; }
+        __builtin_prefetch(o->backoff + c);  // read by finish unless this order's n-gram is listed
+        int64_t q = c * s->V + x->word;
+        x->pos[k] = o->ent ? entry_home(o, q) : (((uint64_t)q * 0x9E3779B97F4A7C15ULL) >> o->shift) & o->mask;
+        __builtin_prefetch(o->ent ? (const void *)(o->ent + x->pos[k])
+                           : o->slot64 ? (const void *)((const int64_t *)o->slots + x->pos[k])
+                                       : (const void *)((const int32_t *)o->slots + x->pos[k]));
+    }
+    return 0;
+}
+
+static inline void gather(const Scorer *s, Token *x) {
+    for (int k = 0; k < x->n; k++) {
+        const Order *o = &s->ord[k];
+        if (x->ctx[k] < 0 || o->ent) continue;
+        int64_t h = x->hit[k] = x->pos[k] < (uint64_t)o->nslots ? slot_at(o, x->pos[k]) : -1;
+        if (h >= 0 && h < o->nkeys) {
+            __builtin_prefetch(o->keys + h);
+            __builtin_prefetch(o->probs + h);
+        }
+    }
+}
+
+// log10 p and the matched length; x->ctx becomes the context after the word (cut to the matched length).
+static inline void finish(const Scorer *s, Token *x, double *logp, int *length) {
+    int64_t after[MAX_ORDERS + 1];
+    float prob[MAX_ORDERS + 1];
+    int len = 1;
+    after[0] = x->word;
+    prob[0] = s->unigram[x->word];
+    for (int k = 0; k < x->n; k++) {
+        int64_t c = x->ctx[k];
+        const Order *o = &s->ord[k];
+        if (c < 0)
+            after[k + 1] = -1;
+        else if (o->ent)
+            after[k + 1] = probe_entry(o, c * s->V + x->word, x->pos[k], &prob[k + 1]);
+        else if ((after[k + 1] = probe(o, c * s->V + x->word, x->pos[k], x->hit[k])) >= 0)
+            prob[k + 1] = o->probs[after[k + 1]];
+        if (after[k + 1] >= 0)
+            len = k + 2;
+        else if (s->closed && c >= 0)
+            break;  // every suffix of a listed n-gram is listed (query.with_suffix_blanks): nothing longer is
+    }
+    // the longest match's log10 p plus the back-offs of the contexts above it, added in the same order as
+    // score_word (which also adds those below and then overwrites them): the same double, fewer reads
+    double lp = (double)prob[len - 1];
+    for (int k = len - 1; k < x->n; k++)
+        if (x->ctx[k] >= 0) lp += s->ord[k].backoff[x->ctx[k]];
+    *logp = lp;
+    *length = len;
+    x->n = len < s->cut ? len : s->cut;
+    for (int i = 0; i < x->n; i++) x->ctx[i] = after[i];
+}
+
+static inline int step(const Scorer *s, Token *x, double *logp, int *length) {
+    if (begin(s, x) < 0) return -1;
+    gather(s, x);
+    finish(s, x, logp, length);
+    return 0;
+}
+
+static inline int read_context(PyObject *t, int64_t *ctx, int *n, int limit) {
+    if (!PyTuple_Check(t)) { PyErr_SetString(PyExc_TypeError, "a state's words must be a tuple"); return -1; }
+    Py_ssize_t len = PyTuple_GET_SIZE(t);
+    *n = (int)(len < limit ? len : limit);
+    for (int i = 0; i < *n; i++) {
+        ctx[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+        if (ctx[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static inline PyObject *make_context(const int64_t *after, int m) {
+    PyObject *t = PyTuple_New(m);
+    for (int i = 0; t && i < m; i++) {
+        PyObject *v = PyLong_FromLongLong(after[i]);
+        if (!v) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+// _kenlm_calls.cpp: kenlm.Model's calls on the Scorer
+PyObject *Scorer_base_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Scorer_full_scores(Scorer *self, PyObject *args);
+PyObject *Scorer_sentence_score(Scorer *self, PyObject *args);
+PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *args, PyObject *kw);
+PyObject *Scorer_kenlm_score(Scorer *self, PyObject *args, PyObject *kw);

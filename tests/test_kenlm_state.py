@@ -1,0 +1,148 @@
+"""The compiled State (seqlm/ngram/_state.cpp) against its Python twin (query.PyState), and the compiled
+walk's early stop on tables that list every suffix against the walk that probes every order.
+
+References: PyState (the readable class, what runs without the compiled loops) for every behaviour a State
+has; NGramModel.score_word and the Python ScalarScorer on the KenLM oracle's models (pruned ones lack
+suffixes until query.with_suffix_blanks lists them) for the scores; kenlm's own rules for the sentence calls'
+errors. The compiled module must build here; outside CI a machine without a compiler skips.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import random
+
+import pytest
+
+import seqlm.kenlm
+import seqlm.ngram
+from seqlm.ngram import NGramModel
+from seqlm.ngram.native import extension
+from seqlm.ngram.query import NGramQuery, PyState, with_suffix_blanks
+from seqlm.ngram.scalar import ScalarScorer, scalar_scorer
+from test_kn import ORACLE, needs_oracle
+
+
+@pytest.fixture(scope="module")
+def State():  # noqa: N802 (the class under test)
+    ext = extension()
+    if ext is None:
+        if os.environ.get("CI"):
+            raise AssertionError("the compiled n-gram loops did not build")
+        pytest.skip("the compiled n-gram loops (seqlm/ngram/_native.cpp) could not be built")
+    return ext.State
+
+
+VALUES = [(), (3,), (1, 2, 3, 4), tuple(range(15)), tuple(range(16)), (2**62, -1), (True, 2), ("a", 1),
+          [1, 2], None, 7.5]  # inline ids; too long; big and negative; not ids: held as the object
+
+
+def test_the_compiled_state_is_the_one_exported(State):
+    assert seqlm.kenlm.State is State and seqlm.ngram.State is State and seqlm.ngram.query.State is State
+    with pytest.raises(AttributeError):
+        seqlm.ngram.query.NoSuchName  # noqa: B018
+
+
+@pytest.mark.parametrize("words", VALUES, ids=repr)
+def test_words_behave_as_the_python_states(State, words):
+    mine, twin = State(words), PyState(words)
+    assert mine.words == twin.words and type(mine.words) is type(twin.words)
+    assert repr(mine) == repr(twin) and _hash(mine) == _hash(twin)  # a list: unhashable in both
+    for other in VALUES:
+        assert (mine == State(other)) == (twin == PyState(other)), other
+        assert (mine != State(other)) == (twin != PyState(other)), other
+    for c in (copy.copy(mine), copy.deepcopy(mine), pickle.loads(pickle.dumps(mine))):
+        assert type(c) is State and c == mine and c.words == twin.words
+    later = State()
+    later.words = words
+    assert later == mine and State(words=words) == mine
+
+
+def _hash(x) -> int | type:
+    try:
+        return hash(x)
+    except TypeError as e:
+        return type(e)
+
+
+def test_states_key_dicts_and_refuse_what_python_states_refuse(State):
+    seen = {State((1, 2)): "a", State(("node",)): "b"}
+    assert seen[State((1, 2))] == "a" and seen[State(("node",))] == "b"
+    assert State() != PyState() and State().words == ()  # a fresh State: no context, as kenlm's
+    with pytest.raises(TypeError):
+        del State().words
+    with pytest.raises(TypeError):
+        State((1,), (2,))
+
+    class Mine(State):
+        pass
+
+    assert Mine((4,)) == State((4,)) and type(copy.copy(Mine((4,)))) is Mine
+
+
+@needs_oracle
+@pytest.mark.parametrize("name", ["kn5", "kn5-prune00112"])
+def test_base_score_on_both_states_and_the_early_stop(State, name):
+    """The compiled BaseScore reading and writing a State in place, and the same on PyStates (its generic
+    path), against the Python scorer on the suffix-listed tables, along a random walk of shared states."""
+    model = with_suffix_blanks(NGramModel.from_arpa(ORACLE / f"{name}.arpa.gz"))
+    v = model.vocab
+    closed = scalar_scorer(model, v.stoi, v.unk_id, v.bos_id, v.eos_id, closed=True)
+    reference = ScalarScorer(model, v.stoi, v.unk_id)
+    words = (ORACLE / "query.txt").read_text().split()[:400] + ["no-such-word", "<unk>", "</s>"]
+    rng = random.Random(0)
+    pools = {cls: [cls((v.bos_id,)), cls()] for cls in (State, PyState)}
+    for i in range(1500):
+        word = words[i % len(words)] if rng.random() < 0.8 else rng.choice(v.itos)
+        pick, in_place = rng.randrange(len(pools[State])), rng.random() < 0.1  # in place now and then, as decoders
+        after = PyState()
+        want = (reference.base_score(PyState(pools[PyState][pick].words), word, after), after.words)
+        for cls, pool in pools.items():
+            out = pool[pick] if in_place else cls()
+            assert (closed.base_score(pool[pick], word, out), out.words) == want, (cls, word, pick)
+            pool.append(out)
+
+
+@needs_oracle
+def test_sentence_calls_take_text_and_refuse_what_kenlm_refuses(State):
+    query = NGramQuery(ORACLE / "kn5.arpa.gz")
+    score, full_scores = query.compiled_sentence_calls()
+    line = (ORACLE / "query.txt").read_text().splitlines()[0] + " no-such-word"
+    for bos in (True, False):
+        for eos in (True, False):
+            want = list(query.full_scores(line.split(), bos, eos))
+            assert list(full_scores(line, bos, eos)) == want == list(full_scores(line.encode(), bos=bos, eos=eos))
+            assert score(" \t" + line + "\n", eos=eos, bos=bos) == query.kenlm_score(line.split(), bos, eos)
+    assert list(full_scores("")) == list(query.full_scores([]))
+    with pytest.raises(TypeError, match="Cannot convert <class 'int'> to string"):
+        score(5)
+    with pytest.raises(UnicodeDecodeError):
+        score(b"\xff")
+    with pytest.raises(TypeError):
+        full_scores(line, nonsense=True)
+
+
+@needs_oracle
+def test_lazy_load_leaves_out_the_entry_tables_and_scores_the_same(State):
+    """kenlm.Config's LoadMethod.LAZY: the model's own tables only (no private copy), the same numbers."""
+    config = seqlm.kenlm.Config()
+    config.load_method = seqlm.kenlm.LoadMethod.LAZY
+    path = ORACLE / "kn5.arpa.gz"
+    eager, lazy = seqlm.kenlm.Model(path), seqlm.kenlm.Model(path, config)
+    ngrams = sum(len(k) for k in eager.model.keys[1:])
+    assert eager._scorer._scalar.entry_bytes() == 16 * sum(len(k) + len(k) // 2 + 1 for k in eager.model.keys[1:])
+    assert 24 * ngrams <= eager._scorer._scalar.entry_bytes() < 25 * ngrams + 100
+    assert lazy._scorer._scalar.entry_bytes() == 0
+    again = pickle.loads(pickle.dumps(lazy))
+    assert again.config.load_method == seqlm.kenlm.LoadMethod.LAZY and again._scorer._scalar.entry_bytes() == 0
+    states = {m: (State(), State()) for m in (eager, lazy)}
+    for line in (ORACLE / "query.txt").read_text().splitlines()[:40]:
+        assert list(eager.full_scores(line)) == list(lazy.full_scores(line)) and eager.score(line) == lazy.score(line)
+        for m, (s, t) in states.items():
+            m.BeginSentenceWrite(s)
+        for w in line.split():
+            a, b = (m.BaseScore(s, w, t) for m, (s, t) in states.items())
+            assert a == b and states[eager][1] == states[lazy][1]
+            states = {m: (t, s) for m, (s, t) in states.items()}
