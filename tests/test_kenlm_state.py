@@ -140,7 +140,7 @@ def test_lazy_load_leaves_out_the_entry_tables_and_scores_the_same(State):
     states = {m: (State(), State()) for m in (eager, lazy)}
     for line in (ORACLE / "query.txt").read_text().splitlines()[:40]:
         assert list(eager.full_scores(line)) == list(lazy.full_scores(line)) and eager.score(line) == lazy.score(line)
-        for m, (s, t) in states.items():
+        for m, (s, _) in states.items():
             m.BeginSentenceWrite(s)
         for w in line.split():
             a, b = (m.BaseScore(s, w, t) for m, (s, t) in states.items())
