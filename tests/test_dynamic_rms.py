@@ -114,7 +114,7 @@ def test_the_rule_equals_a_plain_loop_of_the_papers_equations(models, name):
     lr, decay, seg = 0.003, 0.05, 6
     got = dynamic_logp(model, text, True, lr, segment=seg, rule=RmsRule(models["train"], decay=decay))
     want = reference_logp(model, train, text, lr, decay, seg)
-    assert got == pytest.approx(want, abs=1e-6)
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-6)  # float32 rounding of the same sums
     static = score_tokens(model, text, True, max_tokens=seg).logp
     assert np.array_equal(got[:seg], static[:seg]) and np.abs(got[seg:] - static[seg:]).max() > 1e-3
 

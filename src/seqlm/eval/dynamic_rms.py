@@ -97,6 +97,12 @@ class RmsRule:
             raise SeqlmError(f"--dynamic-stats-tokens must be at least 1, got {stats_tokens}")
         return cls(stats, decay, stats_tokens)
 
+    def with_decay(self, decay: float) -> RmsRule:
+        """The same rule with another decay, sharing the statistics collected so far (a grid of decays)."""
+        other = RmsRule(self.stats, decay, self.stats_tokens, self.epsilon)
+        other._cache = self._cache
+        return other
+
     def settings(self) -> dict[str, Any]:
         used = sorted({n for _, _, n in self._cache.values()})
         return {"dynamic_rule": "rms", "dynamic_decay": self.decay, "dynamic_epsilon": self.epsilon,
@@ -123,13 +129,17 @@ def rms_step(params: list[nn.Parameter], rms: list[torch.Tensor], lr: float, dec
              epsilon: float = EPSILON) -> Callable[[Grads], None]:
     """theta <- theta - lr * g / (RMS + eps) + decay * RMS_norm * (theta_g - theta), theta_g the weights now."""
     trained = [p.detach().clone() for p in params]
-    pull = [decay * r for r in decay_rates(rms, decay)]
+    pull = [decay * r for r in decay_rates(rms, decay)] if decay > 0 else None  # None: nothing pulls back
     denom = [r + epsilon for r in rms]
 
     def step(grads: Grads) -> None:
-        for p, g, p0, k, d in zip(params, grads, trained, pull, denom, strict=True):
-            dw = k * (p0 - p)
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            if pull is None:  # decay 0: the RMS-normalised step alone
+                if g is not None:
+                    p.addcdiv_(g, denom[i], value=-lr)
+                continue
+            dw = pull[i] * (trained[i] - p)
             if g is not None:
-                dw -= lr * g / d
+                dw.addcdiv_(g, denom[i], value=-lr)
             p.add_(dw)
     return step
