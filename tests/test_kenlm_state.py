@@ -15,6 +15,8 @@ import pickle
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import seqlm.kenlm
 import seqlm.ngram
@@ -146,3 +148,43 @@ def test_lazy_load_leaves_out_the_entry_tables_and_scores_the_same(State):
             a, b = (m.BaseScore(s, w, t) for m, (s, t) in states.items())
             assert a == b and states[eager][1] == states[lazy][1]
             states = {m: (t, s) for m, (s, t) in states.items()}
+
+
+SPACES = [" ", "\t", "\x0b", "\x1c", "\u00a0", "\u2003", "\u3000", "\u2028", "\u0085", "  "]
+UNICODE_WORDS = ["caf\u00e9", "na\u00efve", "\u65e5\u672c", "\U0001f600", "stra\u00dfe", "a", "b", "c"]
+
+
+@pytest.fixture(scope="module")
+def unicode_query(tmp_path_factory) -> NGramQuery:
+    from seqlm.cli import main
+
+    root = tmp_path_factory.mktemp("uni")
+    rng = random.Random(3)
+    lines = [" ".join(rng.choice(UNICODE_WORDS) for _ in range(rng.randint(1, 9))) for _ in range(300)]
+    (root / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["train", "--model", "kn", "--order", "3", "--text", str(root / "train.txt"),
+                 "--out", str(root / "kn")]) == 0
+    return NGramQuery(root / "kn")
+
+
+@settings(max_examples=150, deadline=None)
+@given(words=st.lists(st.sampled_from(UNICODE_WORDS + ["\u00e9", "zz", "\ud800", "caf\u00e9\ud800", "<unk>"]),
+                      max_size=10),
+       gaps=st.lists(st.sampled_from(SPACES), min_size=11, max_size=11))
+def test_words_are_found_by_their_bytes_as_by_the_dict(State, unicode_query, words, gaps):
+    """The compiled calls split text as str.split() and find each word by its UTF-8 bytes; the reference is
+    the dict lookup of every word of str.split() (query.full_scores on the list). Lone surrogates (no UTF-8)
+    take the dict's path."""
+    score, full_scores = unicode_query.compiled_sentence_calls()
+    v = unicode_query.vocab
+    reference = ScalarScorer(unicode_query.model, v.stoi, v.unk_id)  # stoi.get per word, score_word
+    text = gaps[0] + "".join(w + g for w, g in zip(words, gaps[1:], strict=False))
+    want = reference.full_scores((v.bos_id,), text.split(), v.eos_id)
+    assert text.split() == words and list(full_scores(text)) == want
+    assert list(unicode_query.full_scores(words)) == want  # the compiled scorer on the list of words
+    assert score(text) == reference.sentence_score((v.bos_id,), words, v.eos_id)
+    s, t = State(), State()
+    unicode_query.BeginSentenceWrite(s)
+    for w, (p, _, _) in zip(words, want, strict=False):
+        assert unicode_query.BaseScore(s, w, t) == p
+        s, t = t, s

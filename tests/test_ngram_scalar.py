@@ -18,7 +18,7 @@ import pytest
 from seqlm.ngram import NGramModel
 from seqlm.ngram.binary import read_binary, write_binary
 from seqlm.ngram.native import extension
-from seqlm.ngram.query import compiled_stream, score_stream
+from seqlm.ngram.query import NGramQuery, compiled_stream, score_stream
 from seqlm.ngram.scalar import ScalarScorer, scalar_scorer
 from test_kn import ORACLE, needs_oracle
 
@@ -138,3 +138,20 @@ def test_sentence_score_is_kenlms_float32_sum() -> None:
                 for p in probs:
                     total = np.float32(total + np.float32(p))
                 assert scorer.sentence_score(context, line.split(), eos) == float(total)
+
+
+@needs_oracle
+def test_score_corpus_on_text_equals_sentence_by_sentence() -> None:
+    """score_corpus on text lines (split by data/_tokens.cpp where it can take them, by Python where a sentence
+    is blank, holds a newline or is a word list) against full_scores one sentence at a time."""
+    query = NGramQuery(ORACLE / "kn5.arpa.gz")
+    lines = (ORACLE / "query.txt").read_text().splitlines()[:80]
+    odd = [" the\u3000 cat\tsat\x0b ", "no-such-word <unk> \u00a0the", "\u00e9t\u00e9 \u2028 mi\u00df"]
+    for sentences in (lines + odd, lines + ["", "  "], lines + ["a\nb"], [ln.split() for ln in lines[:5]],
+                      iter(lines[:7]), []):
+        sentences = list(sentences)
+        got = query.score_corpus(iter(sentences))
+        want = [x for s in sentences for x in query.full_scores(s)]
+        assert got.log10_prob.tolist() == [p for p, _, _ in want]
+        assert got.length.tolist() == [n for _, n, _ in want] and got.oov.tolist() == [o for _, _, o in want]
+        assert len(got.starts) == len(sentences) + 1

@@ -41,7 +41,8 @@ def installed(name: str, sources: list[Path]):
         module = importlib.import_module(f"seqlm.{package}.{name}")
     except ImportError:
         return None
-    here = [s for s in {*sources, *sources[0].parent.glob("*.h")} if s.exists()]  # a wheel holds no sources
+    headers = {*sources[0].parent.glob("*.h"), *(sources[0].parent.parent / "data").glob("*.h")}  # + data's shared
+    here = [s for s in {*sources, *headers} if s.exists()]  # a wheel holds no sources
     built = Path(module.__file__).stat().st_mtime
     return None if here and max(s.stat().st_mtime for s in here) > built else module
 

@@ -1,5 +1,8 @@
 // kenlm.Model's calls on the compiled Scorer (_scorer.h): BaseScore on a State (_state.h) or anything with a
 // `words` tuple, and whole sentences (full_scores, score) given as words or as the text itself.
+#include <vector>
+
+#include "../data/_utf8_space.h"
 #include "_scorer.h"
 #include "_state.h"
 
@@ -35,8 +38,17 @@ static int write_state(PyObject *st, const int64_t *ids, int n) {
 }
 
 // The id of a word as kenlm maps it (unknown: <unk>); -1 with an exception set. `strict`: a non-str word is a
-// TypeError (kenlm's BaseScore), else it is simply unknown.
+// TypeError (kenlm's BaseScore), else it is simply unknown. A str is looked up by its UTF-8 bytes.
 static int64_t word_id(const Scorer *s, PyObject *word, int strict) {
+    if (PyUnicode_CheckExact(word) && s->lexicon.slots) {
+        Py_ssize_t n;
+        const char *text = PyUnicode_AsUTF8AndSize(word, &n);
+        if (text) {
+            int64_t id = lexicon_find(&s->lexicon, (const unsigned char *)text, n);
+            return id >= 0 ? id : s->unk;
+        }
+        PyErr_Clear();  // lone surrogates: stoi decides
+    }
     PyObject *id = PyDict_GetItemWithError(s->stoi, word);
     if (id) return PyLong_AsLongLong(id);
     if (PyErr_Occurred()) return -1;
@@ -46,6 +58,38 @@ static int64_t word_id(const Scorer *s, PyObject *word, int strict) {
         return -1;
     }
     return s->unk;
+}
+
+// The ids of a list of words; -1 with an exception set.
+static int list_ids(const Scorer *s, PyObject *words, std::vector<int64_t> &ids) {
+    Py_ssize_t T = PyList_GET_SIZE(words);
+    ids.resize((size_t)T);
+    for (Py_ssize_t t = 0; t < T; t++)
+        if ((ids[t] = word_id(s, PyList_GET_ITEM(words, t), 0)) < 0 && PyErr_Occurred()) return -1;
+    return 0;
+}
+
+// The ids of the words of a str, split as str.split() splits it (_utf8_space.h); -1 with an exception set.
+static int text_ids(const Scorer *s, PyObject *text, std::vector<int64_t> &ids) {
+    Py_ssize_t n;
+    const unsigned char *p = s->lexicon.slots ? (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+    if (!p) {  // no UTF-8 (lone surrogates) or no lexicon: Python's split and stoi
+        PyErr_Clear();
+        PyObject *words = PyUnicode_Split(text, NULL, -1);
+        int bad = words ? list_ids(s, words, ids) : -1;
+        Py_XDECREF(words);
+        return bad;
+    }
+    ids.clear();
+    for (const unsigned char *end = p + n; p < end;) {
+        int skip = space(p, end);
+        if (skip) { p += skip; continue; }
+        const unsigned char *word = p;
+        while (p < end && !space(p, end)) p++;
+        int64_t id = lexicon_find(&s->lexicon, word, p - word);
+        ids.push_back(id >= 0 ? id : s->unk);
+    }
+    return 0;
 }
 
 PyObject *Scorer_base_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -59,16 +103,16 @@ PyObject *Scorer_base_score(Scorer *self, PyObject *const *args, Py_ssize_t narg
     return write_state(args[2], x.ctx, x.n) < 0 ? NULL : PyFloat_FromDouble(logp);
 }
 
-// (log10 p, length, oov) of each word of the list `words` from x's context, then of `eos` when >= 0: kenlm's
-// full_scores on a split sentence (unknown words: <unk>, oov; a literal <unk> too).
-static PyObject *full_scores_from(const Scorer *self, Token *x, PyObject *words, long long eos) {
+// (log10 p, length, oov) of each word id from x's context, then of `eos` when >= 0: kenlm's full_scores
+// (unknown words: <unk>, oov; a literal <unk> too).
+static PyObject *full_scores_from(const Scorer *self, Token *x, const std::vector<int64_t> &ids, long long eos) {
     int length;
     double logp;
-    Py_ssize_t T = PyList_GET_SIZE(words);
+    Py_ssize_t T = (Py_ssize_t)ids.size();
     PyObject *out = PyList_New(T + (eos >= 0));
     if (!out) return NULL;
     for (Py_ssize_t t = 0; t < T + (eos >= 0); t++) {
-        if ((x->word = t == T ? eos : word_id(self, PyList_GET_ITEM(words, t), 0)) < 0 && PyErr_Occurred()) break;
+        x->word = t == T ? eos : ids[t];
         PyObject *oov = t < T && x->word == self->unk ? Py_True : Py_False;
         if (step(self, x, &logp, &length) < 0) break;
         PyObject *item = Py_BuildValue("(diO)", logp, length, oov);
@@ -80,16 +124,15 @@ static PyObject *full_scores_from(const Scorer *self, Token *x, PyObject *words,
     return NULL;
 }
 
-// log10 P of the words (then eos when >= 0) as kenlm.Model.score sums it: each log10 p rounded to float32 and
-// added in float32, one word after another.
-static PyObject *sentence_score_from(const Scorer *self, Token *x, PyObject *words, long long eos) {
+// log10 P of the word ids (then eos when >= 0) as kenlm.Model.score sums it: each log10 p rounded to float32
+// and added in float32, one word after another.
+static PyObject *sentence_score_from(const Scorer *self, Token *x, const std::vector<int64_t> &ids, long long eos) {
     int length;
     double logp;
     float total = 0.0f;
-    Py_ssize_t T = PyList_GET_SIZE(words);
+    Py_ssize_t T = (Py_ssize_t)ids.size();
     for (Py_ssize_t t = 0; t < T + (eos >= 0); t++) {
-        if ((x->word = t == T ? eos : word_id(self, PyList_GET_ITEM(words, t), 0)) < 0 && PyErr_Occurred())
-            return NULL;
+        x->word = t == T ? eos : ids[t];
         if (step(self, x, &logp, &length) < 0) return NULL;
         total += (float)logp;
     }
@@ -101,10 +144,11 @@ PyObject *Scorer_full_scores(Scorer *self, PyObject *args) {
     PyObject *context, *words;
     long long eos;
     Token x;
+    std::vector<int64_t> ids;
     if (!PyArg_ParseTuple(args, "OO!L", &context, &PyList_Type, &words, &eos) ||
-        read_context(context, x.ctx, &x.n, self->n) < 0)
+        read_context(context, x.ctx, &x.n, self->n) < 0 || list_ids(self, words, ids) < 0)
         return NULL;
-    return full_scores_from(self, &x, words, eos);
+    return full_scores_from(self, &x, ids, eos);
 }
 
 PyObject *Scorer_sentence_score(Scorer *self, PyObject *args) {
@@ -112,44 +156,45 @@ PyObject *Scorer_sentence_score(Scorer *self, PyObject *args) {
     PyObject *context, *words;
     long long eos;
     Token x;
+    std::vector<int64_t> ids;
     if (!PyArg_ParseTuple(args, "OO!L", &context, &PyList_Type, &words, &eos) ||
-        read_context(context, x.ctx, &x.n, self->n) < 0)
+        read_context(context, x.ctx, &x.n, self->n) < 0 || list_ids(self, words, ids) < 0)
         return NULL;
-    return sentence_score_from(self, &x, words, eos);
+    return sentence_score_from(self, &x, ids, eos);
 }
 
-// kenlm.Model's (sentence, bos=True, eos=True): the words of the sentence (str, or bytes in UTF-8) split as
-// str.split() does, x's context <s> when bos (else none), and the id of </s> when eos (else -1).
-static PyObject *sentence_args(const Scorer *self, PyObject *args, PyObject *kw, Token *x, long long *eos) {
+// kenlm.Model's (sentence, bos=True, eos=True): the ids of the sentence's words (str, or bytes in UTF-8, split
+// as str.split() does), x's context <s> when bos (else none), the id of </s> when eos (else -1); -1 on error.
+static int sentence_args(const Scorer *self, PyObject *args, PyObject *kw, Token *x, long long *eos,
+                         std::vector<int64_t> &ids) {
     static const char *names[] = {"sentence", "bos", "eos", NULL};
-    PyObject *sentence, *text, *words;
-    int bos = 1, with_eos = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", (char **)names, &sentence, &bos, &with_eos)) return NULL;
-    if (self->bos < 0 || self->eos < 0) { PyErr_SetString(PyExc_RuntimeError, "no <s>/</s> ids given"); return NULL; }
+    PyObject *sentence;
+    int bos = 1, with_eos = 1, bad;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", (char **)names, &sentence, &bos, &with_eos)) return -1;
+    if (self->bos < 0 || self->eos < 0) { PyErr_SetString(PyExc_RuntimeError, "no <s>/</s> ids given"); return -1; }
     if (PyUnicode_Check(sentence)) {
-        words = PyUnicode_Split(sentence, NULL, -1);
+        bad = text_ids(self, sentence, ids);
     } else if (PyBytes_Check(sentence)) {
-        if (!(text = PyUnicode_FromEncodedObject(sentence, "utf-8", "strict"))) return NULL;
-        words = PyUnicode_Split(text, NULL, -1);
-        Py_DECREF(text);
+        PyObject *text = PyUnicode_FromEncodedObject(sentence, "utf-8", "strict");
+        bad = text ? text_ids(self, text, ids) : -1;
+        Py_XDECREF(text);
     } else {
         PyErr_Format(PyExc_TypeError, "Cannot convert %R to string", (PyObject *)Py_TYPE(sentence));
-        return NULL;
+        return -1;
     }
     x->n = bos && self->n > 0;
     x->ctx[0] = self->bos;
     *eos = with_eos ? self->eos : -1;
-    return words;
+    return bad;
 }
 
 PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *args, PyObject *kw) {
     // kenlm.Model.full_scores(sentence, bos=True, eos=True): an iterator over (log10 p, length, oov)
     Token x;
     long long eos;
-    PyObject *words = sentence_args(self, args, kw, &x, &eos);
-    if (!words) return NULL;
-    PyObject *out = full_scores_from(self, &x, words, eos), *it = out ? PyObject_GetIter(out) : NULL;
-    Py_DECREF(words);
+    std::vector<int64_t> ids;
+    if (sentence_args(self, args, kw, &x, &eos, ids) < 0) return NULL;
+    PyObject *out = full_scores_from(self, &x, ids, eos), *it = out ? PyObject_GetIter(out) : NULL;
     Py_XDECREF(out);
     return it;
 }
@@ -158,9 +203,7 @@ PyObject *Scorer_kenlm_score(Scorer *self, PyObject *args, PyObject *kw) {
     // kenlm.Model.score(sentence, bos=True, eos=True): log10 P summed in float32, as kenlm
     Token x;
     long long eos;
-    PyObject *words = sentence_args(self, args, kw, &x, &eos);
-    if (!words) return NULL;
-    PyObject *out = sentence_score_from(self, &x, words, eos);
-    Py_DECREF(words);
-    return out;
+    std::vector<int64_t> ids;
+    if (sentence_args(self, args, kw, &x, &eos, ids) < 0) return NULL;
+    return sentence_score_from(self, &x, ids, eos);
 }

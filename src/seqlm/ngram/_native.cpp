@@ -62,6 +62,7 @@ static int Scorer_init(Scorer *self, PyObject *args, PyObject *kw) {
     self->unigram = NULL;
     Py_INCREF(stoi);
     Py_XSETREF(self->stoi, stoi);
+    if (lexicon_build(&self->lexicon, stoi) < 0) return -1;
     Py_XSETREF(self->owners, PyList_New(0));
     if (!self->owners || PyList_Append(self->owners, unigram) < 0) return -1;
     const float *uni = (const float *)buffer_of(unigram, 4, &count);
@@ -98,6 +99,7 @@ static int Scorer_init(Scorer *self, PyObject *args, PyObject *kw) {
 
 static void Scorer_dealloc(Scorer *self) {
     for (int k = 0; k < MAX_ORDERS; k++) PyMem_Free(self->ord[k].ent);
+    lexicon_free(&self->lexicon);
     Py_XDECREF(self->stoi);
     Py_XDECREF(self->owners);
     Py_TYPE(self)->tp_free((PyObject *)self);

@@ -30,6 +30,39 @@ typedef struct {
     uint64_t mask;
 } Order;
 
+// The vocabulary as the compiled calls look words up (_lexicon.cpp): each word's UTF-8 bytes hashed into an
+// open-addressing table (at most half full) beside a pool of the words' bytes, compared in full on a hash
+// match: one or two cache misses a word, where a dict lookup of a new str costs three (index, entry, key).
+typedef struct {
+    uint64_t hash, at;  // FNV-1a of the word's bytes; where they start in the pool
+    uint32_t len, id;   // id EMPTY: a free slot
+} LexiconSlot;
+
+typedef struct {
+    LexiconSlot *slots;
+    uint64_t mask;
+    unsigned char *pool;
+} Lexicon;
+
+int lexicon_build(Lexicon *lex, PyObject *stoi);  // 0, or -1 with an exception set
+void lexicon_free(Lexicon *lex);
+
+static inline uint64_t lexicon_hash(const unsigned char *p, Py_ssize_t n) {
+    uint64_t h = 14695981039346656037ull;
+    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h ^ (h >> 32);  // the high bits into the low ones the mask keeps
+}
+
+// The id of the word whose UTF-8 bytes are p[:n]; -1 if it is not in the vocabulary.
+static inline int64_t lexicon_find(const Lexicon *lex, const unsigned char *p, Py_ssize_t n) {
+    uint64_t h = lexicon_hash(p, n);
+    for (uint64_t i = h & lex->mask;; i = (i + 1) & lex->mask) {
+        const LexiconSlot *e = &lex->slots[i];
+        if (e->id == EMPTY) return -1;
+        if (e->hash == h && e->len == (uint64_t)n && memcmp(lex->pool + e->at, p, (size_t)n) == 0) return e->id;
+    }
+}
+
 typedef struct {
     PyObject_HEAD
     int64_t V;
@@ -39,6 +72,7 @@ typedef struct {
     PyObject *stoi;        // word -> id (BaseScore)
     long unk, bos, eos;    // ids (bos, eos: -1 where not given; the sentence calls need them)
     PyObject *owners;      // the arrays the pointers point into, kept alive
+    Lexicon lexicon;       // stoi's words by their UTF-8 bytes (slots NULL: stoi is asked instead)
     Order ord[MAX_ORDERS];
 } Scorer;
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from seqlm.data.native import compiled
 
-SOURCES = ("_native.cpp", "_kenlm_calls.cpp", "_state.cpp", "_arpa_text.cpp", "_sort.cpp")
+SOURCES = ("_native.cpp", "_kenlm_calls.cpp", "_lexicon.cpp", "_state.cpp", "_arpa_text.cpp", "_sort.cpp")
 
 
 def extension():
