@@ -12,7 +12,8 @@ Both rows use GCIDE (../shared/data/gcide, decompressed to a temporary folder fi
   build_binary of seqlm's ARPA (the same model), then, round after round (best of `--rounds`), scores the
   test set: BaseScore once per word from the same Python loop, full_scores and score per sentence, and batched
   (seqlm.ngram.NGramQuery.score_corpus on ids and on text lines, against kenlm.Model.score per sentence,
-  kenlm having no batch call). The log10 p of both agree (`max_abs_diff_vs_kenlm`).
+  kenlm having no batch call). The log10 p of both agree (`max_abs_diff_vs_kenlm`). `entry_tables_mb`: the
+  memory of seqlm's per-call entry tables (seqlm.ngram.scalar; kenlm.Config's LoadMethod.LAZY leaves them out).
 Ratios are seqlm / KenLM measured in the same run (the row says how loaded the machine was). Writes
 bench/results/kn_speed.json.
 """
@@ -71,6 +72,7 @@ def worker_scoring(args: argparse.Namespace) -> dict:
     b = np.array([p for s in lines for p, _, _ in mine.full_scores(s)])
     out = {f"{k}_tokens_per_s": tokens / v for k, v in rates.items()}
     out.update(tokens=tokens, sentences=len(lines), max_abs_diff_vs_kenlm=float(np.abs(a - b).max()),
+               entry_tables_mb=batch.entry_bytes() / 2**20,
                per_call_path="compiled (seqlm/ngram/_native.cpp)" if extension() else "python")
     return out
 

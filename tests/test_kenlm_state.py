@@ -134,11 +134,11 @@ def test_lazy_load_leaves_out_the_entry_tables_and_scores_the_same(State):
     path = ORACLE / "kn5.arpa.gz"
     eager, lazy = seqlm.kenlm.Model(path), seqlm.kenlm.Model(path, config)
     ngrams = sum(len(k) for k in eager.model.keys[1:])
-    assert eager._scorer._scalar.entry_bytes() == 16 * sum(len(k) + len(k) // 2 + 1 for k in eager.model.keys[1:])
-    assert 24 * ngrams <= eager._scorer._scalar.entry_bytes() < 25 * ngrams + 100
-    assert lazy._scorer._scalar.entry_bytes() == 0
+    assert eager._scorer.entry_bytes() == 16 * sum(len(k) + len(k) // 2 + 1 for k in eager.model.keys[1:])
+    assert 24 * ngrams <= eager._scorer.entry_bytes() < 25 * ngrams + 100
+    assert lazy._scorer.entry_bytes() == 0
     again = pickle.loads(pickle.dumps(lazy))
-    assert again.config.load_method == seqlm.kenlm.LoadMethod.LAZY and again._scorer._scalar.entry_bytes() == 0
+    assert again.config.load_method == seqlm.kenlm.LoadMethod.LAZY and again._scorer.entry_bytes() == 0
     states = {m: (State(), State()) for m in (eager, lazy)}
     for line in (ORACLE / "query.txt").read_text().splitlines()[:40]:
         assert list(eager.full_scores(line)) == list(lazy.full_scores(line)) and eager.score(line) == lazy.score(line)

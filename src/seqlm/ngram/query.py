@@ -192,6 +192,10 @@ class NGramQuery:
     def __repr__(self) -> str:
         return f"NGramQuery(order={self.order}, sizes={self.model.sizes})"
 
+    def entry_bytes(self) -> int:
+        """Memory of this process the compiled scorer's entry tables hold (scalar.scalar_scorer); 0 without."""
+        return self._scalar.entry_bytes() if self._compiled else 0
+
     def compiled_sentence_calls(self) -> tuple[Callable, Callable] | None:
         """kenlm.Model's score and full_scores, (sentence: str or UTF-8 bytes, bos=True, eos=True) each, as one
         compiled call a sentence (split, looked up, walked, summed in float32 as kenlm); None without them."""
