@@ -122,8 +122,12 @@ def test_sentence_calls_take_text_and_refuse_what_kenlm_refuses(State):
         score(5)
     with pytest.raises(UnicodeDecodeError):
         score(b"\xff")
-    with pytest.raises(TypeError):
-        full_scores(line, nonsense=True)
+    assert score(sentence=line, eos=False) == score(line, True, False) == score(line, 1, eos=0)
+    assert list(full_scores(line, bos=False)) == list(full_scores(line, False, True))
+    for bad_call in (lambda: full_scores(line, nonsense=True), lambda: score(), lambda: score(line, True, True, 1),
+                     lambda: score(line, True, bos=True), lambda: score(bos=True)):
+        with pytest.raises(TypeError):
+            bad_call()
 
 
 @needs_oracle
@@ -134,8 +138,9 @@ def test_lazy_load_leaves_out_the_entry_tables_and_scores_the_same(State):
     path = ORACLE / "kn5.arpa.gz"
     eager, lazy = seqlm.kenlm.Model(path), seqlm.kenlm.Model(path, config)
     ngrams = sum(len(k) for k in eager.model.keys[1:])
-    assert eager._scorer.entry_bytes() == 16 * sum(len(k) + len(k) // 2 + 1 for k in eager.model.keys[1:])
-    assert 24 * ngrams <= eager._scorer.entry_bytes() < 25 * ngrams + 100
+    backoffs = 4 * sum(len(b) for b in eager.model.log10_backoff[: eager.order - 1])  # copied beside the entries
+    assert eager._scorer.entry_bytes() == 16 * sum(len(k) + len(k) // 2 + 1 for k in eager.model.keys[1:]) + backoffs
+    assert 24 * ngrams + backoffs <= eager._scorer.entry_bytes() < 25 * ngrams + backoffs + 100
     assert lazy._scorer.entry_bytes() == 0
     again = pickle.loads(pickle.dumps(lazy))
     assert again.config.load_method == seqlm.kenlm.LoadMethod.LAZY and again._scorer.entry_bytes() == 0

@@ -115,8 +115,12 @@ static PyObject *full_scores_from(const Scorer *self, Token *x, const std::vecto
         x->word = t == T ? eos : ids[t];
         PyObject *oov = t < T && x->word == self->unk ? Py_True : Py_False;
         if (step(self, x, &logp, &length) < 0) break;
-        PyObject *item = Py_BuildValue("(diO)", logp, length, oov);
-        if (!item) break;
+        PyObject *item = PyTuple_New(3), *p = PyFloat_FromDouble(logp), *n = PyLong_FromLong(length);
+        if (!item || !p || !n) { Py_XDECREF(item); Py_XDECREF(p); Py_XDECREF(n); break; }
+        Py_INCREF(oov);
+        PyTuple_SET_ITEM(item, 0, p);  // built by hand: Py_BuildValue would parse its format every word
+        PyTuple_SET_ITEM(item, 1, n);
+        PyTuple_SET_ITEM(item, 2, oov);
         PyList_SET_ITEM(out, t, item);
     }
     if (!PyErr_Occurred()) return out;
@@ -163,14 +167,39 @@ PyObject *Scorer_sentence_score(Scorer *self, PyObject *args) {
     return sentence_score_from(self, &x, ids, eos);
 }
 
+// kenlm.Model's arguments (sentence, bos=True, eos=True), positional or by name, without PyArg_Parse's
+// format parsing (a call a sentence: it showed in the profile); 0, or -1 with a TypeError set.
+static int parse_sentence(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **sentence,
+                          int *bos, int *eos) {
+    static const char *names[] = {"sentence", "bos", "eos"};
+    PyObject *given[3] = {NULL, NULL, NULL};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 3) { PyErr_SetString(PyExc_TypeError, "takes at most 3 arguments (sentence, bos, eos)"); return -1; }
+    for (Py_ssize_t i = 0; i < nargs; i++) given[i] = args[i];
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        int i = 0;
+        while (i < 3 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), names[i]) != 0) i++;
+        if (i == 3 || given[i]) {
+            PyErr_Format(PyExc_TypeError, "%s keyword argument %R", i == 3 ? "unexpected" : "repeated",
+                         PyTuple_GET_ITEM(kwnames, k));
+            return -1;
+        }
+        given[i] = args[nargs + k];
+    }
+    if (!given[0]) { PyErr_SetString(PyExc_TypeError, "missing argument 'sentence'"); return -1; }
+    *sentence = given[0];
+    *bos = given[1] ? PyObject_IsTrue(given[1]) : 1;
+    *eos = given[2] ? PyObject_IsTrue(given[2]) : 1;
+    return *bos < 0 || *eos < 0 ? -1 : 0;
+}
+
 // kenlm.Model's (sentence, bos=True, eos=True): the ids of the sentence's words (str, or bytes in UTF-8, split
 // as str.split() does), x's context <s> when bos (else none), the id of </s> when eos (else -1); -1 on error.
-static int sentence_args(const Scorer *self, PyObject *args, PyObject *kw, Token *x, long long *eos,
-                         std::vector<int64_t> &ids) {
-    static const char *names[] = {"sentence", "bos", "eos", NULL};
+static int sentence_args(const Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, Token *x,
+                         long long *eos, std::vector<int64_t> &ids) {
     PyObject *sentence;
-    int bos = 1, with_eos = 1, bad;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", (char **)names, &sentence, &bos, &with_eos)) return -1;
+    int bos, with_eos, bad;
+    if (parse_sentence(args, nargs, kwnames, &sentence, &bos, &with_eos) < 0) return -1;
     if (self->bos < 0 || self->eos < 0) { PyErr_SetString(PyExc_RuntimeError, "no <s>/</s> ids given"); return -1; }
     if (PyUnicode_Check(sentence)) {
         bad = text_ids(self, sentence, ids);
@@ -188,22 +217,22 @@ static int sentence_args(const Scorer *self, PyObject *args, PyObject *kw, Token
     return bad;
 }
 
-PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *args, PyObject *kw) {
+PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     // kenlm.Model.full_scores(sentence, bos=True, eos=True): an iterator over (log10 p, length, oov)
     Token x;
     long long eos;
     std::vector<int64_t> ids;
-    if (sentence_args(self, args, kw, &x, &eos, ids) < 0) return NULL;
+    if (sentence_args(self, args, nargs, kwnames, &x, &eos, ids) < 0) return NULL;
     PyObject *out = full_scores_from(self, &x, ids, eos), *it = out ? PyObject_GetIter(out) : NULL;
     Py_XDECREF(out);
     return it;
 }
 
-PyObject *Scorer_kenlm_score(Scorer *self, PyObject *args, PyObject *kw) {
+PyObject *Scorer_kenlm_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     // kenlm.Model.score(sentence, bos=True, eos=True): log10 P summed in float32, as kenlm
     Token x;
     long long eos;
     std::vector<int64_t> ids;
-    if (sentence_args(self, args, kw, &x, &eos, ids) < 0) return NULL;
+    if (sentence_args(self, args, nargs, kwnames, &x, &eos, ids) < 0) return NULL;
     return sentence_score_from(self, &x, ids, eos);
 }

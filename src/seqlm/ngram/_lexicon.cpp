@@ -5,8 +5,8 @@
 #include <stdlib.h>
 
 void lexicon_free(Lexicon *lex) {
-    PyMem_Free(lex->slots);
-    PyMem_Free(lex->pool);
+    table_free(lex->slots);
+    table_free(lex->pool);
     lex->slots = NULL;
     lex->pool = NULL;
     lex->mask = 0;
@@ -22,8 +22,8 @@ int lexicon_build(Lexicon *lex, PyObject *stoi) {
     PyObject *key, *value;
     while (PyDict_Next(stoi, &pos, &key, &value))
         if (PyUnicode_Check(key)) bytes += PyUnicode_GET_LENGTH(key) * 4;  // at most 4 bytes a character
-    lex->slots = (LexiconSlot *)PyMem_Malloc(sizeof(LexiconSlot) * size);
-    lex->pool = (unsigned char *)PyMem_Malloc((size_t)bytes + 1);
+    lex->slots = (LexiconSlot *)table_alloc(sizeof(LexiconSlot) * size);
+    lex->pool = (unsigned char *)table_alloc((size_t)bytes + 1);
     if (!lex->slots || !lex->pool) { lexicon_free(lex); PyErr_NoMemory(); return -1; }
     lex->mask = size - 1;
     for (uint64_t i = 0; i < size; i++) lex->slots[i].id = EMPTY;

@@ -12,16 +12,23 @@
 #include "_scorer.h"
 #include "_state.h"
 
-// Fill o->ent from keys/probs by linear probing (wrapping around), when `wanted`; an order without an entry
-// table probes `slots` (the model's own, mapped from its file with it: shared between processes).
+// Fill o->ent from keys/probs by linear probing (wrapping around), when `wanted`, and copy the back-offs
+// beside it; an order without an entry table probes `slots` and reads the back-offs where the model
+// has them (mapped from its file: shared between processes).
 static int build_entries(Order *o, int wanted) {
-    PyMem_Free(o->ent);
+    table_free(o->ent);
+    table_free(o->own);  // (init has pointed `backoff` at the model's array again)
     o->ent = NULL;
+    o->own = NULL;
     o->nent = 0;
     if (!wanted || o->nkeys >= (Py_ssize_t)EMPTY) return 0;
     o->nent = o->nkeys + o->nkeys / 2 + 1;
-    if (!(o->ent = (Entry *)PyMem_Malloc(sizeof(Entry) * (size_t)o->nent))) { PyErr_NoMemory(); return -1; }
+    if (!(o->ent = (Entry *)table_alloc(sizeof(Entry) * (size_t)o->nent))) { PyErr_NoMemory(); return -1; }
     for (Py_ssize_t i = 0; i < o->nent; i++) o->ent[i].row = EMPTY;
+    // the back-offs are read at random too: into table_alloc's pages with the entries (a sixth of their size)
+    if (!(o->own = (float *)table_alloc(sizeof(float) * (size_t)o->nbackoff))) { PyErr_NoMemory(); return -1; }
+    memcpy(o->own, o->backoff, sizeof(float) * (size_t)o->nbackoff);
+    o->backoff = o->own;
     for (Py_ssize_t h = 0; h < o->nkeys; h++) {
         uint64_t pos = entry_home(o, o->keys[h]);
         while (o->ent[pos].row != EMPTY) pos = pos + 1 == (uint64_t)o->nent ? 0 : pos + 1;
@@ -98,7 +105,10 @@ static int Scorer_init(Scorer *self, PyObject *args, PyObject *kw) {
 }
 
 static void Scorer_dealloc(Scorer *self) {
-    for (int k = 0; k < MAX_ORDERS; k++) PyMem_Free(self->ord[k].ent);
+    for (int k = 0; k < MAX_ORDERS; k++) {
+        table_free(self->ord[k].ent);
+        table_free(self->ord[k].own);
+    }
     lexicon_free(&self->lexicon);
     Py_XDECREF(self->stoi);
     Py_XDECREF(self->owners);
@@ -207,9 +217,12 @@ static PyObject *Scorer_stream(Scorer *self, PyObject *args) {
 }
 
 static PyObject *Scorer_entry_bytes(Scorer *self, PyObject *) {
-    // the memory the entry tables hold (build_entries), 0 without them
+    // the memory the entry tables and their back-off copies hold (build_entries), 0 without them
     long long total = 0;
-    for (int k = 0; k < self->n; k++) total += (long long)self->ord[k].nent * (long long)sizeof(Entry);
+    for (int k = 0; k < self->n; k++) {
+        const Order *o = &self->ord[k];
+        total += (long long)o->nent * (long long)sizeof(Entry) + (o->own ? 4LL * o->nbackoff : 0);
+    }
     return PyLong_FromLongLong(total);
 }
 
@@ -221,9 +234,9 @@ static PyMethodDef Scorer_methods[] = {
     {"stream", (PyCFunction)Scorer_stream, METH_VARARGS, "stream(ids, starts, bos, logp out, length out)"},
     {"base_score", (PyCFunction)(void (*)(void))Scorer_base_score, METH_FASTCALL, "kenlm's BaseScore"},
     {"entry_bytes", (PyCFunction)Scorer_entry_bytes, METH_NOARGS, "bytes held by the entry tables"},
-    {"kenlm_score", (PyCFunction)(void (*)(void))Scorer_kenlm_score, METH_VARARGS | METH_KEYWORDS,
+    {"kenlm_score", (PyCFunction)(void (*)(void))Scorer_kenlm_score, METH_FASTCALL | METH_KEYWORDS,
      "kenlm.Model.score(sentence, bos=True, eos=True)"},
-    {"kenlm_full_scores", (PyCFunction)(void (*)(void))Scorer_kenlm_full_scores, METH_VARARGS | METH_KEYWORDS,
+    {"kenlm_full_scores", (PyCFunction)(void (*)(void))Scorer_kenlm_full_scores, METH_FASTCALL | METH_KEYWORDS,
      "kenlm.Model.full_scores(sentence, bos=True, eos=True)"},
     {NULL, NULL, 0, NULL},
 };

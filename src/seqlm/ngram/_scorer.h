@@ -4,7 +4,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_ORDERS 63  // orders above the unigrams (NGramModel allows N <= 64)
 #define LANES 16       // sentences `stream` walks side by side, so that their cache misses overlap
@@ -23,12 +25,31 @@ typedef struct {
     Py_ssize_t nent;      // 1.5 x the n-grams: 24 bytes an n-gram, as KenLM's probing tables
     const int64_t *keys;  // (M,) sorted trie keys of this order
     const float *probs;   // (M,) log10 p
-    const float *backoff; // back-off of the order below (the context's)
+    const float *backoff; // back-off of the order below (the context's): the model's, or `own`
+    float *own;           // with the entry table: a copy of the back-offs in table_alloc's pages (else NULL)
     const void *slots;    // hash slots (index.py), int32 or int64
     Py_ssize_t nkeys, nbackoff, nslots;
     int slot64, shift;
     uint64_t mask;
 } Order;
+
+// Memory for tables probed at random (entry tables, the lexicon): 2 MB aligned and, on Linux, asked for
+// transparent huge pages, as KenLM allocates its hash tables: a probe into hundreds of MB of 4 kB pages
+// misses the TLB as well as the cache (the profile showed the page walks). NULL when out of memory. Free
+// with table_free.
+static inline void *table_alloc(size_t bytes) {
+    const size_t huge = (size_t)1 << 21;
+    if (bytes < huge) return malloc(bytes ? bytes : 1);  // a small model's tables stay in small pages
+    size_t size = (bytes + huge - 1) / huge * huge;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, size) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, size, MADV_HUGEPAGE);  // advice only: without THP the pages are small, nothing else changes
+#endif
+    return p;
+}
+
+static inline void table_free(void *p) { free(p); }
 
 // The vocabulary as the compiled calls look words up (_lexicon.cpp): each word's UTF-8 bytes hashed into an
 // open-addressing table (at most half full) beside a pool of the words' bytes, compared in full on a hash
@@ -216,5 +237,5 @@ static inline PyObject *make_context(const int64_t *after, int m) {
 PyObject *Scorer_base_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Scorer_full_scores(Scorer *self, PyObject *args);
 PyObject *Scorer_sentence_score(Scorer *self, PyObject *args);
-PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *args, PyObject *kw);
-PyObject *Scorer_kenlm_score(Scorer *self, PyObject *args, PyObject *kw);
+PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *Scorer_kenlm_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

@@ -44,7 +44,8 @@ def scalar_scorer(model: NGramModel, stoi: dict[str, int], unk: int, bos: int = 
     stops at the first order that misses, as KenLM's does (otherwise it probes every order). `entries`: the
     compiled scorer copies every order into an entry table (key, id and log10 p side by side: one cache miss a
     probe where the model's slot table costs two; 24 bytes an n-gram of this process's memory, as KenLM's
-    probing tables); without, it probes the model's own tables only (mapped from a binary file: shared)."""
+    probing tables, plus a copy of the back-offs, in huge pages where the kernel gives them); without, it
+    probes the model's own tables only (mapped from a binary file: shared between processes)."""
     ext = extension()
     if ext is None and compiled_only:
         return None
