@@ -143,28 +143,28 @@ static PyObject *sentence_score_from(const Scorer *self, Token *x, const std::ve
     return PyFloat_FromDouble(total);
 }
 
-PyObject *Scorer_full_scores(Scorer *self, PyObject *args) {
-    // full_scores(context, words list of str, eos id or -1) -> [(log10 p, length, oov)]
+// The arguments (context tuple, words list of str, eos id or -1) of full_scores and sentence_score: x's
+// context, eos, the words' ids; -1 on error.
+static int words_args(const Scorer *self, PyObject *args, Token *x, long long *eos, std::vector<int64_t> &ids) {
     PyObject *context, *words;
-    long long eos;
+    if (!PyArg_ParseTuple(args, "OO!L", &context, &PyList_Type, &words, eos)) return -1;
+    return read_context(context, x->ctx, &x->n, self->n) < 0 ? -1 : list_ids(self, words, ids);
+}
+
+PyObject *Scorer_full_scores(Scorer *self, PyObject *args) {
+    // full_scores(context, words, eos) -> [(log10 p, length, oov)]
     Token x;
+    long long eos;
     std::vector<int64_t> ids;
-    if (!PyArg_ParseTuple(args, "OO!L", &context, &PyList_Type, &words, &eos) ||
-        read_context(context, x.ctx, &x.n, self->n) < 0 || list_ids(self, words, ids) < 0)
-        return NULL;
-    return full_scores_from(self, &x, ids, eos);
+    return words_args(self, args, &x, &eos, ids) < 0 ? NULL : full_scores_from(self, &x, ids, eos);
 }
 
 PyObject *Scorer_sentence_score(Scorer *self, PyObject *args) {
-    // sentence_score(context, words list of str, eos id or -1) -> log10 P, summed as kenlm sums it
-    PyObject *context, *words;
-    long long eos;
+    // sentence_score(context, words, eos) -> log10 P, summed as kenlm sums it
     Token x;
+    long long eos;
     std::vector<int64_t> ids;
-    if (!PyArg_ParseTuple(args, "OO!L", &context, &PyList_Type, &words, &eos) ||
-        read_context(context, x.ctx, &x.n, self->n) < 0 || list_ids(self, words, ids) < 0)
-        return NULL;
-    return sentence_score_from(self, &x, ids, eos);
+    return words_args(self, args, &x, &eos, ids) < 0 ? NULL : sentence_score_from(self, &x, ids, eos);
 }
 
 // kenlm.Model's arguments (sentence, bos=True, eos=True), positional or by name, without PyArg_Parse's
@@ -217,22 +217,26 @@ static int sentence_args(const Scorer *self, PyObject *const *args, Py_ssize_t n
     return bad;
 }
 
-PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    // kenlm.Model.full_scores(sentence, bos=True, eos=True): an iterator over (log10 p, length, oov)
+// A walk over a sentence's ids from x's context: full_scores_from or sentence_score_from.
+typedef PyObject *(*SentenceWalk)(const Scorer *, Token *, const std::vector<int64_t> &, long long);
+
+static PyObject *on_sentence(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                             SentenceWalk walk) {
     Token x;
     long long eos;
     std::vector<int64_t> ids;
-    if (sentence_args(self, args, nargs, kwnames, &x, &eos, ids) < 0) return NULL;
-    PyObject *out = full_scores_from(self, &x, ids, eos), *it = out ? PyObject_GetIter(out) : NULL;
+    return sentence_args(self, args, nargs, kwnames, &x, &eos, ids) < 0 ? NULL : walk(self, &x, ids, eos);
+}
+
+PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    // kenlm.Model.full_scores(sentence, bos=True, eos=True): an iterator over (log10 p, length, oov)
+    PyObject *out = on_sentence(self, args, nargs, kwnames, full_scores_from);
+    PyObject *it = out ? PyObject_GetIter(out) : NULL;
     Py_XDECREF(out);
     return it;
 }
 
 PyObject *Scorer_kenlm_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     // kenlm.Model.score(sentence, bos=True, eos=True): log10 P summed in float32, as kenlm
-    Token x;
-    long long eos;
-    std::vector<int64_t> ids;
-    if (sentence_args(self, args, nargs, kwnames, &x, &eos, ids) < 0) return NULL;
-    return sentence_score_from(self, &x, ids, eos);
+    return on_sentence(self, args, nargs, kwnames, sentence_score_from);
 }
