@@ -172,6 +172,16 @@ def test_srilm_format_of_a_neural_model_has_no_ngram_tags(tmp_path, capsys, monk
     np.testing.assert_allclose(per_token, np.concatenate(ref), atol=1e-6)
     code, _, err = query(capsys, monkeypatch, "a\n", tmp_path / "fnn")  # KenLM's lines need n-gram lengths
     assert code == 2 and "is a fnn model directory" in err
+    code, out, err = query(capsys, monkeypatch, "a\n", tmp_path / "fnn", "--format", "srilm", "-l", "lazy")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "-l lazy" in err  # no load method to honour
+
+
+@pytest.mark.parametrize("fmt", ["kenlm", "srilm"])
+def test_lazy_load_prints_what_the_default_prints(kn3, capsys, monkeypatch, fmt):
+    """KenLM query's -l: lazy leaves out the per-call tables, the numbers stay the same."""
+    text = "\n".join(sentences(20, 8)) + "\n"
+    outputs = [query(capsys, monkeypatch, text, kn3, "--format", fmt, *load) for load in ([], ["-l", "lazy"])]
+    assert outputs[0][0] == 0 and outputs[0] == outputs[1]
 
 
 def test_null_context_with_srilm_format_is_refused(kn3, capsys, monkeypatch):

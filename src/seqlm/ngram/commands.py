@@ -26,7 +26,7 @@ def cmd_query(args: argparse.Namespace, rest: list[str]) -> None:
     from seqlm.ngram.tools import query_main
 
     model = args.model if args.format == "srilm" else _ngram_source(args.model, "query")  # srilm: any family
-    query_main(model, args.verbose, args.format, args.null_context)
+    query_main(model, args.verbose, args.format, args.null_context, args.load)
 
 
 def cmd_prune(args: argparse.Namespace, rest: list[str]) -> None:
@@ -83,6 +83,9 @@ def add_ngram_commands(sub) -> None:
                     help="KenLM query's lines, or SRILM `ngram -ppl - -debug N`'s (docs/ngram.md)")
     qy.add_argument("-n", dest="null_context", action="store_true",
                     help="no <s> before a line and no </s> after it (KenLM query -n; KenLM format only)")
+    qy.add_argument("-l", dest="load", choices=["lazy", "populate", "read", "parallel"],
+                    help="KenLM query -l: lazy maps the model only (no per-call tables in this process: less "
+                    "memory, slower lookups); the others, the default, build them (n-gram models only)")
     qy.set_defaults(func=cmd_query)
     pr = sub.add_parser("prune", help=cmd_prune.__doc__)
     pr.add_argument("src", help="ARPA file (.gz ok), binary model (seqlm's or KenLM's) or kn model directory")

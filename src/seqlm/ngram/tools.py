@@ -53,15 +53,18 @@ def _chunks(lines: Iterable[str]) -> Iterator[list[str]]:
 
 
 def query(model_path: str, text: TextIO, out: TextIO, level: str = "word", fmt: str = "kenlm",
-          null_context: bool = False, name: str = "-") -> dict:
+          null_context: bool = False, name: str = "-", load: str | None = None) -> dict:
     """Score each line of `text` as a sentence and print KenLM `query`'s lines and perplexity summary, or
     (fmt "srilm") SRILM `ngram -ppl -debug N`'s (srilm_format.py; any model family there). null_context:
-    no <s> before a line and no </s> after it (KenLM query's -n)."""
+    no <s> before a line and no </s> after it (KenLM query's -n). load: KenLM query's -l; "lazy" leaves out
+    the per-call entry tables (seqlm.ngram.scalar), the others build them (None: the default, populate)."""
     if null_context and fmt == "srilm":
         raise SeqlmError("-n: SRILM's output counts a sentence per </s>; -n goes with the KenLM format only")
     if fmt == "srilm" and not is_ngram(model_path):
+        if load is not None:
+            raise SeqlmError(f"-l {load}: a load method is for n-gram models; {model_path} is not one")
         return _query_any(model_path, text, out, level, name)
-    m = NGramQuery(model_path)
+    m = NGramQuery(model_path, entries=load != "lazy")
     writer = SrilmWriter(out, level, name, UNK, BOS) if fmt == "srilm" else KenlmWriter(out, level, m)
     for line, scored in (_null_context(m, text) if null_context else _with_context(m, text)):
         if scored is None:
@@ -172,5 +175,6 @@ def _query_any(model_path: str, text: TextIO, out: TextIO, level: str, name: str
     return writer.finish()
 
 
-def query_main(model_path: str, level: str, fmt: str = "kenlm", null_context: bool = False) -> None:
-    query(model_path, sys.stdin, sys.stdout, level, fmt, null_context)
+def query_main(model_path: str, level: str, fmt: str = "kenlm", null_context: bool = False,
+               load: str | None = None) -> None:
+    query(model_path, sys.stdin, sys.stdout, level, fmt, null_context, load=load)
