@@ -142,16 +142,19 @@ def test_sentence_score_is_kenlms_float32_sum() -> None:
 
 @needs_oracle
 def test_score_corpus_on_text_equals_sentence_by_sentence() -> None:
-    """score_corpus on text lines (split by data/_tokens.cpp where it can take them, by Python where a sentence
-    is blank, holds a newline or is a word list) against full_scores one sentence at a time."""
+    """score_corpus on text (split and looked up in C; word lists by Python) against the Python scorer one
+    sentence at a time: odd white space, unknown and non-ASCII words, blank sentences, a newline inside one."""
     query = NGramQuery(ORACLE / "kn5.arpa.gz")
+    v = query.vocab
+    reference = ScalarScorer(query.model, v.stoi, v.unk_id)  # str.split() and a dict lookup per word
     lines = (ORACLE / "query.txt").read_text().splitlines()[:80]
     odd = [" the\u3000 cat\tsat\x0b ", "no-such-word <unk> \u00a0the", "\u00e9t\u00e9 \u2028 mi\u00df"]
     for sentences in (lines + odd, lines + ["", "  "], lines + ["a\nb"], [ln.split() for ln in lines[:5]],
                       iter(lines[:7]), []):
         sentences = list(sentences)
         got = query.score_corpus(iter(sentences))
-        want = [x for s in sentences for x in query.full_scores(s)]
+        want = [x for s in sentences
+                for x in reference.full_scores((v.bos_id,), s.split() if isinstance(s, str) else s, v.eos_id)]
         assert got.log10_prob.tolist() == [p for p, _, _ in want]
         assert got.length.tolist() == [n for _, n, _ in want] and got.oov.tolist() == [o for _, _, o in want]
         assert len(got.starts) == len(sentences) + 1

@@ -240,3 +240,25 @@ PyObject *Scorer_kenlm_score(Scorer *self, PyObject *const *args, Py_ssize_t nar
     // kenlm.Model.score(sentence, bos=True, eos=True): log10 P summed in float32, as kenlm
     return on_sentence(self, args, nargs, kwnames, sentence_score_from);
 }
+
+PyObject *Scorer_encode(Scorer *self, PyObject *sentences) {
+    // encode(list of str) -> (ids int64 bytes, starts int64 bytes): each sentence's words (str.split()) then
+    // </s>, as NGramQuery.score_corpus lays them end to end; starts (S + 1,) where each begins
+    if (!PyList_Check(sentences)) { PyErr_SetString(PyExc_TypeError, "encode takes a list of str"); return NULL; }
+    if (self->eos < 0) { PyErr_SetString(PyExc_RuntimeError, "no </s> id given"); return NULL; }
+    Py_ssize_t S = PyList_GET_SIZE(sentences);
+    std::vector<int64_t> ids, words, starts(1, 0);
+    starts.reserve((size_t)S + 1);
+    for (Py_ssize_t i = 0; i < S; i++) {
+        PyObject *text = PyList_GET_ITEM(sentences, i);
+        if (!PyUnicode_Check(text)) { PyErr_SetString(PyExc_TypeError, "encode takes a list of str"); return NULL; }
+        if (text_ids(self, text, words) < 0) return NULL;
+        ids.insert(ids.end(), words.begin(), words.end());
+        ids.push_back(self->eos);
+        starts.push_back((int64_t)ids.size());
+    }
+    static const char none[1] = {0};  // y# turns a NULL pointer (an empty vector's data) into None
+    return Py_BuildValue("(y#y#)", ids.empty() ? none : (const char *)ids.data(), (Py_ssize_t)(ids.size() * 8),
+                         (const char *)starts.data(), (Py_ssize_t)(starts.size() * 8));
+}
+

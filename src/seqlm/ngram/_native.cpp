@@ -234,6 +234,7 @@ static PyMethodDef Scorer_methods[] = {
     {"stream", (PyCFunction)Scorer_stream, METH_VARARGS, "stream(ids, starts, bos, logp out, length out)"},
     {"base_score", (PyCFunction)(void (*)(void))Scorer_base_score, METH_FASTCALL, "kenlm's BaseScore"},
     {"entry_bytes", (PyCFunction)Scorer_entry_bytes, METH_NOARGS, "bytes held by the entry tables"},
+    {"encode", (PyCFunction)Scorer_encode, METH_O, "encode(sentences) -> (ids, starts) as int64 bytes"},
     {"kenlm_score", (PyCFunction)(void (*)(void))Scorer_kenlm_score, METH_FASTCALL | METH_KEYWORDS,
      "kenlm.Model.score(sentence, bos=True, eos=True)"},
     {"kenlm_full_scores", (PyCFunction)(void (*)(void))Scorer_kenlm_full_scores, METH_FASTCALL | METH_KEYWORDS,

@@ -239,3 +239,4 @@ PyObject *Scorer_full_scores(Scorer *self, PyObject *args);
 PyObject *Scorer_sentence_score(Scorer *self, PyObject *args);
 PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *Scorer_kenlm_score(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *Scorer_encode(Scorer *self, PyObject *sentences);

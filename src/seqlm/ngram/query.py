@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from seqlm.data.corpus import TokenStream
-from seqlm.data.native import tokens
 from seqlm.ngram.arpa import ArpaData
 from seqlm.ngram.files import load_tables
 from seqlm.ngram.model import NGramModel
@@ -284,11 +283,10 @@ class NGramQuery:
     def _encode(self, sentences: Iterable[str | list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         sentences = sentences if isinstance(sentences, list) else list(sentences)
         stoi, unk, eos = self.vocab.stoi, self.vocab.unk_id, self.vocab.eos_id
-        if (data := _as_lines(sentences)) is not None:  # the corpus reader's compiled splitter, a line a sentence
-            ids32, ends = tokens().encode_lines(data, stoi, False, unk, eos)
-            ids_array = np.frombuffer(ids32, dtype=np.int32).astype(np.int64)  # (N,)
-            starts_array = np.concatenate([[0], np.frombuffer(ends, dtype=np.int64)])  # (S+1,)
-            return ids_array, starts_array, ids_array == unk
+        if self._compiled and all(isinstance(s, str) for s in sentences):  # split and looked up in C
+            ids_bytes, starts_bytes = self._scalar.encode(sentences)  # _kenlm_calls.cpp, as kenlm_score splits
+            ids_array = np.frombuffer(ids_bytes, dtype=np.int64)  # (N,)
+            return ids_array, np.frombuffer(starts_bytes, dtype=np.int64), ids_array == unk
         ids: list[int] = []
         starts = [0]
         for s in sentences:
@@ -297,18 +295,6 @@ class NGramQuery:
             starts.append(len(ids))
         ids_array = np.array(ids, dtype=np.int64)
         return ids_array, np.array(starts, dtype=np.int64), ids_array == unk
-
-
-def _as_lines(sentences: list) -> bytes | None:
-    """The sentences as UTF-8 lines for data/_tokens.cpp's encode_lines, which reads one sentence a line and
-    skips blank lines; None where it cannot take them all as they are (not built, a word list, a blank
-    sentence, a newline inside one, text that is not UTF-8)."""
-    if tokens() is None or not all(isinstance(s, str) and "\n" not in s and s and not s.isspace() for s in sentences):
-        return None
-    try:
-        return "\n".join(sentences).encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates
-        return None
 
 
 def compiled_stream(scorer, ids: np.ndarray, starts: np.ndarray, bos: int) -> tuple[np.ndarray, np.ndarray]:
