@@ -156,6 +156,21 @@ def seqlm_cli(*argv, timeout: float = 120, **env: str):
                           timeout=timeout, env=cli_env(**env))
 
 
+def train_families(root: Path, runs: dict[str, list[str]], n_train: int, n_eval: int) -> dict[str, Path]:
+    """Each family of `runs` ({family: extra train options}) trained by the CLI on one chain corpus written under
+    `root`: {"corpus": its directory, family: model directory}."""
+    import warnings
+
+    from seqlm.cli import main
+
+    corpus = write_chain_corpus(root / "corpus", n_train=n_train, n_eval=n_eval)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # kn on a tiny corpus falls back to default discounts
+        for name, extra in runs.items():
+            assert main(["train", "--model", name, "--data", str(corpus), "--out", str(root / name), *extra]) == 0
+    return {"corpus": corpus, **{name: root / name for name in runs}}
+
+
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of one `seqlm` command run in this process (arguments made strings)."""
     from seqlm.cli import main

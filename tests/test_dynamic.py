@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ import pytest
 import torch
 
 import seqlm
-from seqlm.cli import main
 from seqlm.data.batching import stream_batches
 from seqlm.data.corpus import encode_file
 from seqlm.errors import SeqlmError
@@ -24,7 +22,7 @@ from seqlm.eval.interpolate import interpolate
 from seqlm.eval.perplexity import evaluate, score_tokens, text_logp
 from seqlm.models.mixture import MixtureModel, mix_logp
 
-from conftest import SEQ_LEN, TINY, write_chain_corpus
+from conftest import SEQ_LEN, TINY, train_families
 from conftest import run_cli as run
 
 TRANSFORMER = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--context", "16",
@@ -43,12 +41,7 @@ NEURAL = ["rnn", "lstm", "transformer"]
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("dynamic")
-    corpus = write_chain_corpus(d / "corpus", n_train=120, n_eval=20)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # kn on a tiny corpus falls back to default discounts
-        for name, extra in RUNS.items():
-            assert main(["train", "--model", name, "--data", str(corpus), "--out", str(d / name), *extra]) == 0
-    return {"corpus": corpus, **{name: d / name for name in RUNS}}
+    return train_families(d, RUNS, n_train=120, n_eval=20)
 
 
 def text_of(models, model):

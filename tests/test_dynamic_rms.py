@@ -8,7 +8,6 @@ import copy
 import hashlib
 import json
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +15,13 @@ import pytest
 import torch
 
 import seqlm
-from seqlm.cli import main
 from seqlm.data.batching import stream_batches
 from seqlm.data.corpus import encode_file
 from seqlm.eval.dynamic import dynamic_logp
 from seqlm.eval.dynamic_rms import EPSILON, RmsRule, decay_rates, gradient_rms, rms_step
 from seqlm.eval.perplexity import score_tokens
 
-from conftest import SEQ_LEN, TINY, write_chain_corpus
+from conftest import SEQ_LEN, TINY, train_families
 from conftest import run_cli as run
 
 TRANSFORMER = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--context", "16",
@@ -40,12 +38,8 @@ NEURAL = ["rnn", "lstm", "transformer"]
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("dynamic_rms")
-    corpus = write_chain_corpus(d / "corpus", n_train=60, n_eval=15)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # kn on a tiny corpus falls back to default discounts
-        for name, extra in RUNS.items():
-            assert main(["train", "--model", name, "--data", str(corpus), "--out", str(d / name), *extra]) == 0
-    return {"corpus": corpus, "train": corpus / "train.txt", **{name: d / name for name in RUNS}}
+    trained = train_families(d, RUNS, n_train=60, n_eval=15)
+    return {**trained, "train": trained["corpus"] / "train.txt"}
 
 
 def text_of(models, model):
