@@ -20,6 +20,7 @@ from seqlm.data.corpus import encode_file
 from seqlm.eval.dynamic import dynamic_logp
 from seqlm.eval.dynamic_rms import EPSILON, RmsRule, decay_rates, gradient_rms, rms_step
 from seqlm.eval.perplexity import score_tokens
+from seqlm.models.mixture import mix_logp
 
 from conftest import SEQ_LEN, TINY, train_families
 from conftest import run_cli as run
@@ -193,3 +194,21 @@ def test_refusals_are_one_line_and_status_2(models, name, flags, capsys):
     flags = [models["train"] if f == "TRAIN" else f for f in flags]
     code, out, err = run(capsys, "eval", models[name], "--data", models["corpus"], *flags)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "dynamic" in err
+
+
+def test_a_mixture_updates_its_neural_component_by_the_rule(models, tmp_path, capsys):
+    """In a mixture the rnn learns by the RMS rule from its own scores (its statistics its own), the kn
+    scores as usual and the weights stay fixed: the mixture of the two columns computed apart."""
+    code, out, err = run(capsys, "interpolate", models["rnn"], models["kn"], "--valid",
+                         models["corpus"] / "valid.txt", "--stream", "--out", tmp_path / "mix")
+    assert code == 0, err
+    weights = json.loads(out)["weights"]
+    code, out, err = run(capsys, "eval", tmp_path / "mix", "--data", models["corpus"], "--stream", "--dynamic-rule",
+                         "rms", "--dynamic-lr", "0.001", "--dynamic-segment", "5", "--dynamic-stats", models["train"])
+    assert code == 0, err
+    rnn, kn = seqlm.load(models["rnn"]), seqlm.load(models["kn"])
+    per = np.stack([dynamic_logp(rnn, text_of(models, rnn), True, 0.001, 5, rule=RmsRule(models["train"])),
+                    score_tokens(kn, text_of(models, kn)).logp])
+    assert json.loads(out)["ppl"] == pytest.approx(float(np.exp(-mix_logp(per, weights).mean())), rel=1e-9)
+    per[0] = score_tokens(rnn, text_of(models, rnn), True).logp  # the static mixture: another figure
+    assert json.loads(out)["ppl"] != pytest.approx(float(np.exp(-mix_logp(per, weights).mean())), rel=1e-4)
