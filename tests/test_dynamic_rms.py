@@ -210,5 +210,4 @@ def test_a_mixture_updates_its_neural_component_by_the_rule(models, tmp_path, ca
     per = np.stack([dynamic_logp(rnn, text_of(models, rnn), True, 0.001, 5, rule=RmsRule(models["train"])),
                     score_tokens(kn, text_of(models, kn)).logp])
     assert json.loads(out)["ppl"] == pytest.approx(float(np.exp(-mix_logp(per, weights).mean())), rel=1e-9)
-    per[0] = score_tokens(rnn, text_of(models, rnn), True).logp  # the static mixture: another figure
-    assert json.loads(out)["ppl"] != pytest.approx(float(np.exp(-mix_logp(per, weights).mean())), rel=1e-4)
+    assert np.abs(per[0] - score_tokens(rnn, text_of(models, rnn), True).logp).max() > 1e-3  # it learned
