@@ -199,10 +199,10 @@ def test_refusals_are_one_line_and_status_2(models, name, flags, capsys):
 def test_a_mixture_updates_its_neural_component_by_the_rule(models, tmp_path, capsys):
     """In a mixture the rnn learns by the RMS rule from its own scores (its statistics its own), the kn
     scores as usual and the weights stay fixed: the mixture of the two columns computed apart."""
-    code, out, err = run(capsys, "interpolate", models["rnn"], models["kn"], "--valid",
-                         models["corpus"] / "valid.txt", "--stream", "--out", tmp_path / "mix")
+    weights = [0.5, 0.5]  # given: EM on this tiny corpus gives the rnn almost nothing
+    code, out, err = run(capsys, "interpolate", models["rnn"], models["kn"], "--weights", "0.5,0.5",
+                         "--out", tmp_path / "mix")
     assert code == 0, err
-    weights = json.loads(out)["weights"]
     code, out, err = run(capsys, "eval", tmp_path / "mix", "--data", models["corpus"], "--stream", "--dynamic-rule",
                          "rms", "--dynamic-lr", "0.001", "--dynamic-segment", "5", "--dynamic-stats", models["train"])
     assert code == 0, err
@@ -210,4 +210,5 @@ def test_a_mixture_updates_its_neural_component_by_the_rule(models, tmp_path, ca
     per = np.stack([dynamic_logp(rnn, text_of(models, rnn), True, 0.001, 5, rule=RmsRule(models["train"])),
                     score_tokens(kn, text_of(models, kn)).logp])
     assert json.loads(out)["ppl"] == pytest.approx(float(np.exp(-mix_logp(per, weights).mean())), rel=1e-9)
-    assert np.abs(per[0] - score_tokens(rnn, text_of(models, rnn), True).logp).max() > 1e-3  # it learned
+    per[0] = score_tokens(rnn, text_of(models, rnn), True).logp  # the static mixture: another figure
+    assert json.loads(out)["ppl"] != pytest.approx(float(np.exp(-mix_logp(per, weights).mean())), rel=1e-4)
