@@ -43,6 +43,10 @@ def git_rev() -> str:
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni")
 
 
+# Environment variables that cap the instruction sets torch's kernels use (ATen's own, MKL's, oneDNN's).
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def cpu_flags() -> list[str] | None:
     """Which of CPU_FLAGS and of the amx_* flags this CPU has, as `lscpu` (the kernel's cpuinfo) lists them;
     None when the list cannot be read (not Linux)."""
@@ -79,6 +83,10 @@ def machine() -> dict:
     flags = cpu_flags()
     if flags is not None:
         info["cpu_flags"] = flags  # an empty list: none of them
+    info["aten_cpu_capability"] = torch.backends.cpu.get_cpu_capability()  # what ATen's kernels dispatch to
+    limits = {k: os.environ[k] for k in ISA_LIMITS if k in os.environ}
+    if limits:
+        info["isa_limits"] = limits  # e.g. ATEN_CPU_CAPABILITY=avx2: a run that stands for AVX2-only CPUs
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info

@@ -6,6 +6,8 @@ and the reference C++ toolkit, faster-rnnlm, run by this script in the same run.
     python bench/rnn_speed.py --threads 1 --bptt block     # rnnlm's block truncation (rows named ...-block-...)
     python bench/rnn_speed.py --threads 1 --bptt block --batch-sizes 512 --profile 16   # rows ...-profile
     python bench/rnn_speed.py --threads 1 --bptt block --precision bf16   # bf16 products (rows ...-bf16-...)
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        python bench/rnn_speed.py --threads 1 --bptt block --batch-sizes 512   # an AVX2-only CPU (rows ...-avx2-...)
 
 Trains each configuration for a fixed wall time from scratch (speed only: the perplexity rows are in
 rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. faster-rnnlm ($FASTER_RNNLM, the binary or
@@ -204,8 +206,11 @@ def profile_rows(args: argparse.Namespace, vocab: Vocab, train) -> None:
 
 
 def _tag(bptt: str, precision: str = "fp32") -> str:
-    """Row-name part: the exact fp32 rows keep the names they had before --bptt and --precision existed."""
-    return ("" if bptt == "exact" else f"-{bptt}") + ("" if precision == "fp32" else f"-{precision}")
+    """Row-name part: the exact fp32 rows keep the names they had before --bptt and --precision existed; a run
+    under ATEN_CPU_CAPABILITY=X (kernels capped at X, e.g. avx2) adds -X."""
+    capped = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    return (("" if bptt == "exact" else f"-{bptt}") + ("" if precision == "fp32" else f"-{precision}")
+            + (f"-{capped.lower()}" if capped else ""))
 
 
 def quality_row(args: argparse.Namespace) -> None:
