@@ -22,13 +22,8 @@ from seqlm.kenlm.model import (
     LoadMethod,
     Model,
 )
+from seqlm.ngram.query import state_attribute
 
 __all__ = ["ARPALoadComplain", "Config", "FullScoreReturn", "LanguageModel", "LoadMethod", "Model", "State"]
 
-
-def __getattr__(name: str):
-    if name == "State":  # the compiled State where seqlm's n-gram loops are built (seqlm.ngram.query.state_type)
-        from seqlm.ngram.query import state_type
-
-        return state_type()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = state_attribute(__name__)  # State: the compiled one where seqlm's n-gram loops are built

@@ -22,17 +22,14 @@ import torch
 
 from seqlm.errors import SeqlmError
 from seqlm.ngram.model import NGramModel
-from seqlm.ngram.query import FullScoreReturn, NGramQuery, state_type  # noqa: F401 (kenlm's name, re-exported)
+from seqlm.ngram.query import FullScoreReturn, NGramQuery, state_attribute  # noqa: F401 (kenlm's name, re-exported)
 from seqlm.protocol import Capabilities, TextSpec, require
 
 if TYPE_CHECKING:
     from seqlm.ngram.query import PyState as State
 
 
-def __getattr__(name: str):
-    if name == "State":  # kenlm.State: query.state_type(), chosen on first use
-        return state_type()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = state_attribute(__name__)  # kenlm.State: seqlm.ngram.query.state_type()
 
 
 LN10 = math.log(10.0)

@@ -26,7 +26,7 @@ from seqlm.ngram.kneser_ney import (
 )
 from seqlm.ngram.model import NGramModel
 from seqlm.ngram.prune import prune_entropy
-from seqlm.ngram.query import NGramQuery
+from seqlm.ngram.query import NGramQuery, state_attribute
 
 __all__ = [
     "FALLBACK_DISCOUNTS",
@@ -50,10 +50,4 @@ __all__ = [
     "write_binary",
 ]
 
-
-def __getattr__(name: str):
-    if name == "State":  # query.State: the compiled class, chosen on first use
-        from seqlm.ngram import query
-
-        return query.state_type()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = state_attribute(__name__)  # State: query.state_type()

@@ -41,7 +41,6 @@ static int build_entries(Order *o, int wanted) {
 
 PyObject *WORDS;
 
-
 static const void *buffer_of(PyObject *a, Py_ssize_t itemsize, Py_ssize_t *count) {
     Py_buffer view;
     if (PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
@@ -114,8 +113,6 @@ static void Scorer_dealloc(Scorer *self) {
     Py_XDECREF(self->owners);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
-
-
 
 static PyObject *Scorer_score(Scorer *self, PyObject *args) {
     PyObject *context;

@@ -108,8 +108,6 @@ static inline uint64_t entry_home(const Order *o, int64_t q) {
 
 extern PyObject *WORDS;  // interned "words": the State attribute
 
-
-
 // The id of key q among o's keys, its probe begun at `pos` holding `hit`; -1 if absent (or the table is corrupt).
 static inline int64_t probe(const Order *o, int64_t q, uint64_t pos, int64_t hit) {
     for (;;) {

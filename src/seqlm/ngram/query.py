@@ -78,10 +78,19 @@ def state_type() -> type:
     return ext.State if ext is not None else PyState
 
 
-def __getattr__(name: str):
-    if name == "State":  # chosen on first use: importing seqlm builds nothing
-        return state_type()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def state_attribute(module: str) -> Callable[[str], type]:
+    """The module `__getattr__` of a module that exports `State`: state_type(), chosen on first use, so that
+    importing seqlm builds nothing."""
+
+    def __getattr__(name: str) -> type:  # noqa: N807 (a module's __getattr__)
+        if name == "State":
+            return state_type()
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = state_attribute(__name__)
 
 
 class FullScoreReturn:
