@@ -18,6 +18,7 @@ EXTENSIONS = [
     Extension("seqlm.data._seqlm_tokens", ["src/seqlm/data/_tokens.cpp"], depends=["src/seqlm/data/_utf8_space.h"],
               extra_compile_args=FLAGS,
               language="c++"),
+    Extension("seqlm.decode._seqlm_decode", ["src/seqlm/decode/_search.cpp"], extra_compile_args=FLAGS, language="c++"),
 ]
 
 

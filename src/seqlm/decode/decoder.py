@@ -19,6 +19,7 @@ from torch import Tensor
 
 from seqlm.data.vocab import BOS, EOS
 from seqlm.decode.beams import ROW, Beams
+from seqlm.decode.compiled import compiled_search
 from seqlm.decode.finish import Hypothesis, finish
 from seqlm.decode.hashing import Symbols
 from seqlm.decode.labels import Labels, check_spelling, token_ids
@@ -77,6 +78,7 @@ class Tables:
         self.key_hash = strings if self.word_level else Symbols.of_labels(len(labels), device)
         self.hotwords = Hotwords(hotwords, labels, device) if hotwords else None
         self.lexicon, self.pool, self.tokens = None, None, None
+        self.vocab_size, self.eos, self.unk = 0, -1, -1  # the LM's, where there is one
         if lm is not None:
             self._read_lm(lm, unigrams)
         # at word level with labels of one character and no ▁ pieces (which may follow a space or end a word), a
@@ -146,7 +148,7 @@ class CTCDecoder:
         if isinstance(lm, torch.nn.Module):
             lm.to(self.device).eval()
         self.tables = Tables(labels, lm, self.cfg, unigrams, hotwords, self.device)
-        self.search = Search(self.tables)
+        self.search = compiled_search(self.tables) or Search(self.tables)  # compiled on the CPU
         self.ms_per_utterance: list[float] = []  # of the last decode: its batch's time over its size
 
     @torch.inference_mode()

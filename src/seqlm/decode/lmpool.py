@@ -33,7 +33,7 @@ class LMPool:
 
     def logp(self, rows: Tensor, tokens: Tensor) -> Tensor:
         """(R,) float64 ln p(tokens[i] | history of rows[i]), on the decoder's device."""
-        self._read(rows)
+        self.read_rows(rows)
         at = self.dist.device
         return self.dist[self.slot[rows].to(at), tokens.to(at)].to(self.device, torch.float64)
 
@@ -47,7 +47,7 @@ class LMPool:
         self.size += n
         return rows
 
-    def _read(self, rows: Tensor) -> None:
+    def read_rows(self, rows: Tensor) -> None:
         """Read the unread rows among `rows`: one extend from their parents' states, one advance."""
         todo = torch.unique(rows[self.slot[rows] < 0])
         if len(todo) == 0:

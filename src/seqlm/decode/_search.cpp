@@ -1,0 +1,445 @@
+// seqlm.decode's compiled frame: one frame of the CTC prefix beam search for the active utterances, the twin
+// of seqlm/decode/search.py's Search.frame on the CPU (tests/test_decode_native.py holds them equal). The
+// rules are search.py's; here each utterance's candidates are expanded one by one and merged in a hash table,
+// where search.py runs tensor operations over all of them (and bounds which to try). Plain CPython API, no
+// torch headers (built by data/native.py, as the other compiled loops).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+namespace {
+
+const double LN10 = 2.302585092994046;
+const int64_t SPACE = ' ' + 1;  // hashing.py's SPACE
+const uint64_t MUL = 0x5851F42D4C957F2Dull;
+enum { KEY, TEXT, PART, PLEN, LAST, NODE, HOT, ROW, COLUMNS };  // beams.py's COLUMNS
+const int AVG_WORD = 6;
+const double SLACK = 1e-9;  // groups are pruned by bounds only when this far below a sure floor (rounding)
+
+inline int64_t step(int64_t h, int64_t symbol) {  // hashing.py's step
+    uint64_t x = (static_cast<uint64_t>(h) ^ static_cast<uint64_t>(symbol)) * MUL;
+    return static_cast<int64_t>(x ^ ((x >> 29) & 0x7FFFFFFFFull));
+}
+
+struct View {  // a C-contiguous buffer of a Python object
+    Py_buffer b{};
+    bool ok = false;
+    ~View() {
+        if (ok) PyBuffer_Release(&b);
+    }
+    bool get(PyObject *o, bool writable = false) {
+        ok = PyObject_GetBuffer(o, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) == 0;
+        return ok;
+    }
+    template <class T> T *at() const { return static_cast<T *>(b.buf); }
+    Py_ssize_t count() const { return b.itemsize ? b.len / b.itemsize : 0; }
+};
+
+struct Trie {  // lexicon.py's Trie: dense children (N, L) int32, else sorted keys node * L + label -> child
+    const int32_t *dense = nullptr;
+    const int64_t *keys = nullptr, *child = nullptr, *start = nullptr;
+    Py_ssize_t nkeys = 0;
+    int64_t labels = 0;
+    int64_t follow(int64_t node, int64_t c, bool starts) const {
+        if (starts) return start[c];
+        if (node < 0) return -1;
+        int64_t q = node * labels + c;
+        if (dense) return dense[q];
+        const int64_t *at = std::lower_bound(keys, keys + nkeys, q);
+        return at != keys + nkeys && *at == q ? child[at - keys] : -1;
+    }
+};
+
+struct Tables {
+    int64_t L, K, H, W, blank, unk, V;
+    bool word_level, has_lex, has_hot, has_lm, prune_history, bound_by_prefix;
+    // bound: the most a label adds to a beam's LM and hotword score, + ln 2 (decoder.py's Tables.bound); inf: none
+    double alpha, beta, unk_offset, token_min_logp, beam_prune_logp, bound;
+    const int64_t *starts, *text_len, *part_codes, *key_codes, *tokens;
+    int64_t part_width, key_width;
+    Trie lex, hot;
+    const int64_t *word, *unigram, *prefix;  // lexicon.py's Lexicon, per node
+    const double *hot_weight, *hot_min_len, *hot_min_weight;  // lexicon.py's Hotwords, per node
+    const float *dist32 = nullptr;  // the LM pool's distributions (rows, V), float32 or float64
+    const double *dist64 = nullptr;
+    const int64_t *slot = nullptr;  // the pool's row -> its distribution's row
+
+    int64_t hash(int64_t h, int64_t c, const int64_t *codes, int64_t width) const {
+        for (int64_t j = 0; j < width && codes[c * width + j] >= 0; j++) h = step(h, codes[c * width + j]);
+        return h;
+    }
+    // the lexicon's node after label c at `node`, and whether some unigram starts with it (Lexicon.prefix); the
+    // dense table holds child * 2 + that bit, so that one load answers both
+    int64_t lex_next(int64_t node, int64_t c, bool starts, bool &prefixed) const {
+        if (lex.dense && !starts) {
+            int32_t v = node >= 0 ? lex.dense[node * L + c] : -1;
+            prefixed = v >= 0 && (v & 1);
+            return v >= 0 ? v >> 1 : -1;
+        }
+        int64_t n = lex.follow(node, c, starts);
+        prefixed = n >= 0 && prefix[n];
+        return n;
+    }
+    double lnp(int64_t row, int64_t token) const {
+        int64_t at = slot[row] * V + token;
+        return dist32 ? static_cast<double>(dist32[at]) : dist64[at];
+    }
+};
+
+struct Cand {  // beam k after label c
+    int64_t k, c, cols[COLUMNS];
+    bool fresh, moved, ends;
+    double lm, partial, x;
+    int64_t token, group;  // token: the LM token read (-1: none)
+};
+
+struct Group {
+    int64_t first, rank;  // its first member: the candidate's index, and k * L + c
+    double top, total, score;
+};
+
+// search.py's expand, word_scores and partial_scores for one candidate
+void expand(const Tables &t, const double *sc, const int64_t *in, double lp, Cand &e) {
+    int64_t c = e.c;
+    e.fresh = c != t.blank && c != in[LAST];
+    bool starting = t.starts[c] != 0, starts = starting && e.fresh, grows = e.fresh && !starting;
+    bool had = in[PLEN] > 0;
+    int64_t text_len = t.text_len[c];
+    e.ends = starts && had;
+    int64_t *o = e.cols;
+    if (t.word_level) {
+        e.moved = grows || (starts && (had || text_len > 0));
+        int64_t key = e.ends ? step(in[KEY], SPACE) : in[KEY];
+        o[KEY] = e.moved ? t.hash(key, c, t.key_codes, t.key_width) : key;
+        o[TEXT] = e.ends ? in[KEY] : in[TEXT];
+    } else {
+        e.moved = e.fresh;
+        o[KEY] = e.moved ? t.hash(in[KEY], c, t.key_codes, t.key_width) : in[KEY];
+        o[TEXT] = in[TEXT];
+    }
+    o[PART] = e.fresh ? t.hash(starts ? 0 : in[PART], c, t.part_codes, t.part_width) : in[PART];
+    o[PLEN] = (starts ? 0 : in[PLEN]) + (e.fresh ? text_len : 0);
+    o[LAST] = c;
+    bool prefixed = false;  // some unigram starts with the partial word
+    if (t.has_lex && e.fresh) o[NODE] = t.lex_next(in[NODE], c, starts, prefixed);
+    else o[NODE] = in[NODE], prefixed = t.has_lex && in[NODE] >= 0 && t.prefix[in[NODE]];
+    o[HOT] = t.has_hot && e.fresh ? t.hot.follow(in[HOT], c, starts) : in[HOT];
+    o[ROW] = in[ROW];
+    double add = 0.0;  // word_scores
+    if (t.has_hot && e.ends) add += in[HOT] >= 0 ? t.hot_weight[in[HOT]] : 0.0;
+    e.token = -1;
+    if (t.has_lm && (t.word_level ? e.ends : e.fresh)) {
+        double unknown = 0.0;
+        if (t.word_level) {
+            int64_t n = in[NODE], w = n >= 0 ? t.word[n] : -1;
+            e.token = w >= 0 ? w : t.unk;
+            unknown = n >= 0 && t.unigram[n] ? 0.0 : 1.0;
+        } else {
+            e.token = t.tokens[c];
+        }
+        add += t.alpha * (t.lnp(in[ROW], e.token) + unknown * (t.unk_offset * LN10)) + t.beta;
+    }
+    e.lm = sc[1] + add;
+    double partial = 0.0;  // partial_scores
+    int64_t node = o[NODE], plen = o[PLEN], hot = o[HOT];
+    if (t.has_lex) {
+        bool off = !prefixed && plen > 0;
+        double scale = plen > AVG_WORD ? static_cast<double>(plen) / AVG_WORD : 1.0;
+        partial = off ? t.unk_offset * scale : 0.0;
+    }
+    if (t.has_hot && hot >= 0 && plen > 0) partial = t.hot_min_weight[hot] * static_cast<double>(plen) / t.hot_min_len[hot];
+    e.partial = partial;
+    e.x = sc[0] + lp;
+}
+
+// Candidates and groups share these between utterances: no allocation per frame once grown.
+struct Work {
+    std::vector<Cand> cand;
+    std::vector<Group> groups;
+    std::vector<int64_t> table, stamp, order, labels;
+    std::vector<char> tried;  // (L,) the labels tried in this frame
+    std::vector<double> prefix, repeat, lbs, penalty;  // (K,), (L,), (K, labels): search.py's reach, floor
+    double everyone = 0.0, best_lm = 0.0;
+    int64_t now = 0;
+
+    // the group of (key, label), made if new: open addressing over `table` (stamped, so never cleared)
+    int64_t group_of(const Cand &e, size_t n) {
+        size_t mask = table.size() - 1;
+        size_t i = static_cast<size_t>(step(e.cols[KEY], e.c)) & mask;
+        while (stamp[i] == now) {
+            const Cand &f = cand[groups[table[i]].first];
+            if (f.cols[KEY] == e.cols[KEY] && f.c == e.c) return table[i];
+            i = (i + 1) & mask;
+        }
+        stamp[i] = now, table[i] = static_cast<int64_t>(groups.size());
+        groups.push_back({static_cast<int64_t>(n), e.k * static_cast<int64_t>(tried.size()) + e.c, e.x, 0.0, 0.0});
+        return table[i];
+    }
+    void reserve(size_t n) {
+        size_t size = 1;
+        while (size < 2 * n) size <<= 1;
+        if (table.size() < size) table.assign(size, 0), stamp.assign(size, -1);
+        now++;
+    }
+    // beam k after label c, expanded and put in its group; a group's fields are its first member's (by beam,
+    // then label: search.py's order)
+    void add(const Tables &t, const double *sc, const int64_t *in, const double *lp, int64_t k, int64_t c) {
+        cand.emplace_back();
+        Cand &e = cand.back();
+        e.k = k, e.c = c;
+        expand(t, sc + k * 3, in + k * t.W, lp[c], e);
+        e.group = group_of(e, cand.size() - 1);
+        Group &g = groups[e.group];
+        g.top = std::max(g.top, e.x);
+        if (k * t.L + c < g.rank) g.rank = k * t.L + c, g.first = static_cast<int64_t>(cand.size() - 1);
+    }
+    // every group's score: ln of its members' summed probability (search.py's _merge) + its LM and partial
+    void scores() {
+        for (Group &g : groups) g.total = 0.0;
+        for (const Cand &e : cand) groups[e.group].total += std::exp(e.x - groups[e.group].top);
+        for (Group &g : groups) g.score = (g.top + std::log(g.total)) + (cand[g.first].lm + cand[g.first].partial);
+    }
+    // a score below which every group is pruned, from the groups so far (their scores can only grow): the
+    // K-th best of them, and the best + beam_prune_logp
+    // `grown`: the best score of a group that a label continuing a word makes, at least (or -inf)
+    double floor(const Tables &t, double grown) {
+        if (!std::isfinite(t.bound) || groups.empty()) return -INFINITY;
+        scores();
+        lbs.clear();
+        for (const Group &g : groups) lbs.push_back(g.score);
+        double top = *std::max_element(lbs.begin(), lbs.end()), kth = -INFINITY;
+        if (static_cast<int64_t>(lbs.size()) >= t.K) {
+            std::nth_element(lbs.begin(), lbs.begin() + (t.K - 1), lbs.end(), std::greater<double>());
+            kth = lbs[t.K - 1];
+        }
+        return std::max(kth, std::max(top, grown) + t.beam_prune_logp) - SLACK;
+    }
+    // (K, labels) the partial word's penalty after each label that changes the prefix, where it is known (a
+    // lexicon, no hotwords; else 0: at most it); returns the best score a label continuing a word reaches at
+    // least (its LM score stays; -inf where the penalty is not known)
+    double penalties(const Tables &t, const double *sc, const int64_t *in, const double *lp) {
+        size_t n = labels.size();
+        penalty.assign(t.K * n, 0.0);
+        double grown = -INFINITY;
+        if (!t.has_lex || t.has_hot) return grown;
+        for (int64_t k = 0; k < t.K; k++) {
+            if (!(sc[k * 3] > -INFINITY)) continue;
+            const int64_t *b = in + k * t.W;
+            for (size_t j = 0; j < n; j++) {
+                int64_t c = labels[j];
+                if (c == t.blank || c == b[LAST]) continue;
+                bool starts = t.starts[c] != 0;
+                bool prefixed;
+                t.lex_next(b[NODE], c, starts, prefixed);
+                int64_t plen = (starts ? 0 : b[PLEN]) + t.text_len[c];
+                double scale = plen > AVG_WORD ? static_cast<double>(plen) / AVG_WORD : 1.0;
+                double pen = !prefixed && plen > 0 ? t.unk_offset * scale : 0.0;
+                penalty[k * n + j] = pen;
+                if (!starts) grown = std::max(grown, sc[k * 3] + lp[c] + sc[k * 3 + 1] + pen);
+            }
+        }
+        return grown;
+    }
+    // what reach needs: each beam's prefix total, each label's best repeating beam, every beam's total
+    void bounds(const Tables &t, const double *sc, const int64_t *in) {
+        prefix.assign(t.K, -INFINITY), repeat.assign(t.L, -INFINITY);
+        double top = -INFINITY;
+        best_lm = -INFINITY;
+        for (int64_t k = 0; k < t.K; k++)
+            if (sc[k * 3] > -INFINITY) top = std::max(top, sc[k * 3]), best_lm = std::max(best_lm, sc[k * 3 + 1]);
+        double all = 0.0;
+        for (int64_t k = 0; k < t.K; k++) {
+            if (!(sc[k * 3] > -INFINITY)) continue;
+            all += std::exp(sc[k * 3] - top);
+            int64_t last = in[k * t.W + LAST];
+            repeat[last] = std::max(repeat[last], sc[k * 3]);
+            double sum = 0.0;
+            for (int64_t j = 0; j < t.K; j++)
+                if (sc[j * 3] > -INFINITY && in[j * t.W + KEY] == in[k * t.W + KEY]) sum += std::exp(sc[j * 3] - top);
+            prefix[k] = top + std::log(sum);
+        }
+        everyone = top + std::log(all);
+    }
+    // at least the score of any group beam k + label c joins (search.py's Search.reach, without the partial
+    // word's penalty, which is at most 0 unless hotwords count, and `bound` counts those): its members are
+    // beams of k's prefix and the one that repeats c (a space at word level, or a longer label: any beam)
+    double reach(const Tables &t, const double *sc, int64_t k, int64_t c, double lp) const {
+        bool anyone = !t.bound_by_prefix || (t.word_level && t.starts[c] && t.text_len[c] == 0);
+        double parents = (anyone ? everyone : prefix[k]) + sc[k * 3 + 1];
+        return std::max(parents, repeat[c] + best_lm) + lp + t.bound;
+    }
+};
+
+bool read_trie(PyObject *spec, Trie &trie, std::deque<View> &keep, int64_t labels) {
+    // spec: (dense (N, L) int32 or None, keys, child, start)
+    PyObject *dense = PyTuple_GetItem(spec, 0);
+    trie.labels = labels;
+    if (dense != Py_None) {
+        keep.emplace_back();
+        if (!keep.back().get(dense)) return false;
+        trie.dense = keep.back().at<int32_t>();
+    }
+    const int64_t **to[] = {&trie.keys, &trie.child, &trie.start};
+    for (int i = 0; i < 3; i++) {
+        keep.emplace_back();
+        if (!keep.back().get(PyTuple_GetItem(spec, i + 1))) return false;
+        *to[i] = keep.back().at<int64_t>();
+        if (i == 0) trie.nkeys = keep.back().count();
+    }
+    return true;
+}
+
+// One utterance's frame: candidates expanded and merged, the best groups kept, written to its rows of `out`.
+void utterance(const Tables &t, Work &w, const double *sc, const int64_t *in, const double *lp, double *out_sc,
+               int64_t *out_in, int64_t *parent, int64_t *label, int64_t *pend) {
+    w.labels.clear();
+    int64_t best = std::max_element(lp, lp + t.L) - lp;  // the first of the best
+    w.tried.assign(t.L, 0);
+    for (int64_t c = 0; c < t.L; c++)
+        if (lp[c] >= t.token_min_logp || c == best) w.labels.push_back(c), w.tried[c] = 1;
+    w.cand.clear(), w.groups.clear();
+    w.reserve(static_cast<size_t>(t.K) * w.labels.size());
+    // first the candidates that keep their beam's prefix (the blank, its last label): their groups' scores so
+    // far bound what is kept from below (`floor`); then the others, unless their bound is below it
+    for (int64_t k = 0; k < t.K; k++) {
+        if (!(sc[k * 3] > -INFINITY)) continue;
+        int64_t last = in[k * t.W + LAST];
+        if (w.tried[t.blank]) w.add(t, sc, in, lp, k, t.blank);
+        if (last != t.blank && w.tried[last]) w.add(t, sc, in, lp, k, last);
+    }
+    double sure = w.floor(t, w.penalties(t, sc, in, lp));
+    w.bounds(t, sc, in);
+    size_t n = w.labels.size();
+    for (int64_t k = 0; k < t.K; k++) {
+        if (!(sc[k * 3] > -INFINITY)) continue;
+        int64_t last = in[k * t.W + LAST];
+        for (size_t j = 0; j < n; j++) {
+            int64_t c = w.labels[j];
+            if (c != t.blank && c != last && w.reach(t, sc, k, c, lp[c]) + w.penalty[k * n + j] >= sure)
+                w.add(t, sc, in, lp, k, c);
+        }
+    }
+    w.scores();
+    w.order.clear();
+    for (size_t i = 0; i < w.groups.size(); i++)
+        if (w.groups[i].score > -INFINITY) w.order.push_back(static_cast<int64_t>(i));
+    auto better = [&](int64_t a, int64_t b) {  // best first; ties: the earlier candidate
+        return w.groups[a].score > w.groups[b].score ||
+               (w.groups[a].score == w.groups[b].score && w.groups[a].rank < w.groups[b].rank);
+    };
+    size_t top = std::min(w.order.size(), static_cast<size_t>(t.K));  // _best
+    std::partial_sort(w.order.begin(), w.order.begin() + top, w.order.end(), better);
+    w.order.resize(top);
+    double floor = top ? w.groups[w.order[0]].score + t.beam_prune_logp : 0.0;
+    w.reserve(top);
+    int64_t slot = 0;
+    for (int64_t gi : w.order) {
+        const Group &g = w.groups[gi];
+        if (!(g.score >= floor)) break;
+        const Cand &e = w.cand[g.first];
+        const int64_t *old = in + e.k * t.W;
+        int64_t *o = out_in + slot * t.W;
+        std::memcpy(o, e.cols, sizeof(e.cols));
+        bool push = t.word_level ? e.ends : e.fresh;  // history: the last H words (tokens)
+        int64_t unit = t.word_level ? old[PART] : e.c;
+        for (int64_t j = 0; j < t.H; j++) o[COLUMNS + j] = push ? (j + 1 < t.H ? old[COLUMNS + j + 1] : unit) : old[COLUMNS + j];
+        if (t.prune_history) {  // _drop_same_history: the first of those alike in history, partial word and label
+            int64_t h = step(step(0, o[PART]), e.c);
+            for (int64_t j = 0; j < t.H; j++) h = step(h, o[COLUMNS + j]);
+            size_t mask = w.table.size() - 1, i = static_cast<size_t>(h) & mask;
+            bool dup = false;
+            while (w.stamp[i] == w.now && !dup) {
+                const int64_t *p = out_in + w.table[i] * t.W;
+                dup = p[PART] == o[PART] && p[LAST] == o[LAST] &&
+                      std::equal(p + COLUMNS, p + COLUMNS + t.H, o + COLUMNS);
+                i = (i + 1) & mask;
+            }
+            if (dup) continue;
+            w.stamp[i] = w.now, w.table[i] = slot;
+        }
+        out_sc[slot * 3] = g.top + std::log(g.total), out_sc[slot * 3 + 1] = e.lm, out_sc[slot * 3 + 2] = e.partial;
+        parent[slot] = e.k, label[slot] = e.moved ? e.c : -1;
+        pend[slot * 2] = e.token >= 0 ? old[ROW] : -1, pend[slot * 2 + 1] = e.token;
+        slot++;
+    }
+    for (; slot < t.K; slot++) {
+        out_sc[slot * 3] = -INFINITY, out_sc[slot * 3 + 1] = 0.0, out_sc[slot * 3 + 2] = 0.0;
+        std::memcpy(out_in + slot * t.W, in + slot * t.W, sizeof(int64_t) * t.W);
+        parent[slot] = -1, label[slot] = -1, pend[slot * 2] = -1, pend[slot * 2 + 1] = -1;
+    }
+}
+
+bool read_tables(PyObject *ints, PyObject *floats, PyObject *arrays, Tables &t, std::deque<View> &keep) {
+    int64_t v[12];
+    for (int i = 0; i < 12; i++) v[i] = PyLong_AsLongLong(PyTuple_GetItem(ints, i));
+    t.L = v[0], t.K = v[1], t.H = v[2], t.blank = v[3], t.unk = v[4], t.V = v[5];
+    t.word_level = v[6], t.has_lex = v[7], t.has_hot = v[8], t.has_lm = v[9], t.prune_history = v[10];
+    t.bound_by_prefix = v[11];
+    t.W = COLUMNS + t.H;
+    double *f[] = {&t.alpha, &t.beta, &t.unk_offset, &t.token_min_logp, &t.beam_prune_logp, &t.bound};
+    for (int i = 0; i < 6; i++) *f[i] = PyFloat_AsDouble(PyTuple_GetItem(floats, i));
+    if (PyErr_Occurred()) return false;
+    // arrays: starts, text_len, part_codes, key_codes, tokens, word, unigram, prefix (int64), hot_weight,
+    // hot_min_len, hot_min_weight (float64), then the tries' tuples (lexicon, hotwords)
+    const int64_t **i8[] = {&t.starts, &t.text_len, &t.part_codes, &t.key_codes, &t.tokens, &t.word, &t.unigram,
+                            &t.prefix};
+    for (int i = 0; i < 8; i++) {
+        keep.emplace_back();
+        if (!keep.back().get(PyTuple_GetItem(arrays, i))) return false;
+        *i8[i] = keep.back().at<int64_t>();
+        if (i == 2) t.part_width = keep.back().count() / t.L;
+        if (i == 3) t.key_width = keep.back().count() / t.L;
+    }
+    const double **f8[] = {&t.hot_weight, &t.hot_min_len, &t.hot_min_weight};
+    for (int i = 0; i < 3; i++) {
+        keep.emplace_back();
+        if (!keep.back().get(PyTuple_GetItem(arrays, 8 + i))) return false;
+        *f8[i] = keep.back().at<double>();
+    }
+    return read_trie(PyTuple_GetItem(arrays, 11), t.lex, keep, t.L) &&
+           read_trie(PyTuple_GetItem(arrays, 12), t.hot, keep, t.L);
+}
+
+// frame(ints, floats, arrays, scores (U, K, 3), beam ints (U, K, W), lp (A, L), dist or None, slot or None,
+//       out scores (A, K, 3), out ints (A, K, W), parent (A, K), label (A, K), pend (A, K, 2))
+PyObject *frame(PyObject *, PyObject *args) {
+    PyObject *ints, *floats, *arrays, *o[10];
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOOOOOO", &PyTuple_Type, &ints, &PyTuple_Type, &floats, &PyTuple_Type,
+                          &arrays, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9]))
+        return NULL;
+    Tables t;
+    std::deque<View> keep;  // a deque: a View never moves once it holds a buffer
+    if (!read_tables(ints, floats, arrays, t, keep)) return NULL;
+    View b[10];
+    for (int i = 0; i < 10; i++)
+        if (!((i == 3 || i == 4) && o[i] == Py_None) && !b[i].get(o[i], i >= 5)) return NULL;
+    if (o[3] != Py_None) {
+        if (b[3].b.itemsize == 4) t.dist32 = b[3].at<float>();
+        else t.dist64 = b[3].at<double>();
+        t.slot = b[4].at<int64_t>();
+    }
+    int64_t A = b[2].count() / t.L, K = t.K, W = t.W;
+    static Work work;
+    for (int64_t u = 0; u < A; u++)
+        utterance(t, work, b[0].at<double>() + u * K * 3, b[1].at<int64_t>() + u * K * W, b[2].at<double>() + u * t.L,
+                  b[5].at<double>() + u * K * 3, b[6].at<int64_t>() + u * K * W, b[7].at<int64_t>() + u * K,
+                  b[8].at<int64_t>() + u * K, b[9].at<int64_t>() + u * K * 2);
+    Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"frame", frame, METH_VARARGS, "one frame of the CTC prefix beam search (seqlm/decode/search.py's twin)"},
+    {NULL, NULL, 0, NULL},
+};
+
+struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_seqlm_decode", NULL, -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__seqlm_decode(void) { return PyModule_Create(&module); }

@@ -1,0 +1,100 @@
+"""The frame step compiled (_search.cpp), for decoding on the CPU: the twin of seqlm.decode.search.Search, with
+the same `frame`. Tensor operations over every candidate cost a few microseconds each whatever their size, and
+a frame needs a few hundred of them; the compiled step expands and merges each utterance's candidates in one
+loop instead. The LM is still read through the pool (seqlm.decode.lmpool), by any model's batched `advance`:
+before the step, the rows of the beams that may read a token in it; after it, the rows the kept beams made.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from seqlm.data.native import compiled
+from seqlm.decode.beams import COLUMNS, ROW, Beams
+
+
+def extension():
+    """The compiled module, or None where it cannot be built or SEQLM_NATIVE=0."""
+    return compiled("_seqlm_decode", [Path(__file__).with_name("_search.cpp")])
+
+
+def compiled_search(tables) -> CompiledSearch | None:
+    """The compiled step for these tables, where they are on the CPU and the module is built; else None."""
+    ext = extension() if tables.device.type == "cpu" else None
+    return None if ext is None else CompiledSearch(tables, ext)
+
+
+def _ints(x: Tensor | None) -> np.ndarray:
+    return np.zeros(0, np.int64) if x is None else np.ascontiguousarray(x.cpu().numpy().astype(np.int64))
+
+
+def _floats(x: Tensor | None) -> np.ndarray:
+    return np.zeros(0, np.float64) if x is None else np.ascontiguousarray(x.cpu().numpy().astype(np.float64))
+
+
+def _trie(trie, bit: Tensor | None = None) -> tuple:
+    """(dense children or None, keys, children, start) of a seqlm.decode.lexicon.Trie (or an empty one); `bit`
+    (N,) bool: the dense table holds child * 2 + bit[child] (_search.cpp's Tables.lex_next)."""
+    if trie is None:
+        return None, _ints(None), _ints(None), _ints(None)
+    dense = None
+    if trie.dense is not None:
+        child = trie.dense.cpu().numpy().astype(np.int64)
+        if bit is not None:
+            child = np.where(child >= 0, 2 * child + bit.cpu().numpy()[np.maximum(child, 0)], -1)
+        dense = np.ascontiguousarray(child.astype(np.int32))
+    return dense, _ints(trie.keys), _ints(trie.child), _ints(trie.start)
+
+
+class CompiledSearch:
+    def __init__(self, tables, ext):
+        self.t, self.ext = tables, ext
+        t, lex, hot = tables, tables.lexicon, tables.hotwords
+        self.arrays = (_ints(t.starts), _ints(t.text_len), _ints(t.part_hash.codes), _ints(t.key_hash.codes),
+                       _ints(t.tokens), _ints(lex.word if lex else None), _ints(lex.unigram if lex else None),
+                       _ints(lex.prefix if lex else None), _floats(hot.weight if hot else None),
+                       _floats(hot.min_len if hot else None), _floats(hot.min_weight if hot else None),
+                       _trie(lex.trie if lex else None, lex.prefix if lex else None),
+                       _trie(hot.trie if hot else None))
+
+    def frame(self, b: Beams, lp: Tensor, active: int) -> tuple[Beams, Tensor, Tensor]:
+        """As seqlm.decode.search.Search.frame."""
+        t, K = self.t, self.t.cfg.beam_width
+        pool, dist, slot = t.pool, None, None
+        if pool is not None:  # the rows of the beams that may read an LM token in this frame, read first
+            alive = b.alive[:active]
+            need = alive & (b.plen[:active] > 0) if t.word_level else alive
+            pool.read_rows(b.row[:active][need])
+            dist, slot = pool.dist.numpy(), pool.slot.numpy()
+        out = Beams(torch.empty((active, K, 3), dtype=torch.float64), torch.empty((active, K, b.ints.shape[-1]),
+                                                                                  dtype=torch.long))
+        parent, label = torch.empty((active, K), dtype=torch.long), torch.empty((active, K), dtype=torch.long)
+        pend = torch.empty((active, K, 2), dtype=torch.long)  # (LM row, token) a kept beam reads; -1: none
+        self.ext.frame(self._ints(), self._floats(), self.arrays, b.scores.numpy(), b.ints.numpy(),
+                       lp.contiguous().numpy(), dist, slot, out.scores.numpy(), out.ints.numpy(), parent.numpy(),
+                       label.numpy(), pend.numpy())
+        if pool is not None:
+            pend = pend.view(-1, 2)
+            i = (pend[:, 0] >= 0).nonzero().squeeze(1)
+            if len(i):  # new rows, made together (search.py's extend_lm)
+                pairs, inverse = torch.unique(pend[i, 0] * t.vocab_size + pend[i, 1], return_inverse=True)
+                out.ints.view(-1, len(COLUMNS) + t.history)[i, ROW] = pool.add(pairs // t.vocab_size,
+                                                                               pairs % t.vocab_size)[inverse]
+        b.scores[:active], b.ints[:active] = out.scores, out.ints
+        return b, parent, label
+
+    def _ints(self) -> tuple:
+        t = self.t
+        return (len(t.labels), t.cfg.beam_width, t.history, t.labels.blank, t.unk, t.vocab_size, t.word_level,
+                t.lexicon is not None, t.hotwords is not None, t.pool is not None, t.prune_history,
+                t.bound_by_prefix)
+
+    def _floats(self) -> tuple:
+        c, bound = self.t.cfg, self.t.bound
+        return (float(c.alpha), float(c.beta), float(c.unk_offset), float(c.token_min_logp), float(c.beam_prune_logp),
+                math.inf if bound is None else float(bound))
