@@ -29,7 +29,7 @@ from seqlm.cli import main
 from seqlm.decode import CTCDecoder, DecodeConfig, resolve
 from seqlm.decode.lexicon import Hotwords, parse_hotwords
 
-from conftest import require_module, write_chain_corpus, write_corpus
+from conftest import require_env, require_module, write_chain_corpus, write_corpus
 
 ALPHA, BETA = 0.6, 1.0
 WIDE = dict(beam_width=100_000, beam_prune_logp=-1e9, token_min_logp=-1e9, prune_history=False, nbest=100_000)
@@ -53,7 +53,7 @@ def search(request, monkeypatch):
     if request.param == "tensor":
         monkeypatch.setattr(decoder, "compiled_search", lambda tables: None)
     elif compiled.extension() is None:
-        pytest.skip("the compiled frame is not built here (SEQLM_NATIVE=0 or no compiler)")
+        require_env("the compiled frame step (_search.cpp) could not be built here")
     return request.param
 
 

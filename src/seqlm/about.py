@@ -27,12 +27,15 @@ def version_text() -> str:
 
 
 def loop_status() -> dict[str, str]:
-    """'compiled' or why the Python fallback runs, for the n-gram loops and the tokenizer (data/native.py)."""
+    """'compiled' or why the Python fallback runs, for the n-gram loops, the tokenizer and the CTC decoder's frame
+    step (data/native.py; the decoder's fallback is its tensor search)."""
     from seqlm.ngram import native as ngram_native
 
     ngram = [Path(ngram_native.__file__).with_name(f) for f in ngram_native.SOURCES]
     tokens = [Path(__file__).parent / "data" / "_tokens.cpp"]
-    return {"ngram": _status("_seqlm_native", ngram), "tokenizer": _status("_seqlm_tokens", tokens)}
+    search = [Path(__file__).parent / "decode" / "_search.cpp"]
+    return {"ngram": _status("_seqlm_native", ngram), "tokenizer": _status("_seqlm_tokens", tokens),
+            "decoder": _status("_seqlm_decode", search)}
 
 
 def _status(name: str, sources: list[Path]) -> str:

@@ -66,9 +66,11 @@ struct Tables {
     Trie lex, hot;
     const int64_t *word, *unigram, *prefix;  // lexicon.py's Lexicon, per node
     const double *hot_weight, *hot_min_len, *hot_min_weight;  // lexicon.py's Hotwords, per node
-    const float *dist32 = nullptr;  // the LM pool's distributions (rows, V), float32 or float64
-    const double *dist64 = nullptr;
-    const int64_t *slot = nullptr;  // the pool's row -> its distribution's row
+    // token level: the LM pool's distributions (rows, V), float32 or float64, and its row -> distribution row;
+    // word level: (A, K) ln p of each beam's partial word as its next word (what a space would score)
+    const float *dist32 = nullptr;
+    const double *dist64 = nullptr, *word_lnp = nullptr;
+    const int64_t *slot = nullptr;
 
     int64_t hash(int64_t h, int64_t c, const int64_t *codes, int64_t width) const {
         for (int64_t j = 0; j < width && codes[c * width + j] >= 0; j++) h = step(h, codes[c * width + j]);
@@ -105,7 +107,7 @@ struct Group {
 };
 
 // search.py's expand, word_scores and partial_scores for one candidate
-void expand(const Tables &t, const double *sc, const int64_t *in, double lp, Cand &e) {
+void expand(const Tables &t, const double *sc, const int64_t *in, double lp, double word_lnp, Cand &e) {
     int64_t c = e.c;
     e.fresh = c != t.blank && c != in[LAST];
     bool starting = t.starts[c] != 0, starts = starting && e.fresh, grows = e.fresh && !starting;
@@ -135,15 +137,16 @@ void expand(const Tables &t, const double *sc, const int64_t *in, double lp, Can
     if (t.has_hot && e.ends) add += in[HOT] >= 0 ? t.hot_weight[in[HOT]] : 0.0;
     e.token = -1;
     if (t.has_lm && (t.word_level ? e.ends : e.fresh)) {
-        double unknown = 0.0;
+        double unknown = 0.0, lnp = word_lnp;
         if (t.word_level) {
             int64_t n = in[NODE], w = n >= 0 ? t.word[n] : -1;
             e.token = w >= 0 ? w : t.unk;
             unknown = n >= 0 && t.unigram[n] ? 0.0 : 1.0;
         } else {
             e.token = t.tokens[c];
+            lnp = t.lnp(in[ROW], e.token);
         }
-        add += t.alpha * (t.lnp(in[ROW], e.token) + unknown * (t.unk_offset * LN10)) + t.beta;
+        add += t.alpha * (lnp + unknown * (t.unk_offset * LN10)) + t.beta;
     }
     e.lm = sc[1] + add;
     double partial = 0.0;  // partial_scores
@@ -193,7 +196,7 @@ struct Work {
         cand.emplace_back();
         Cand &e = cand.back();
         e.k = k, e.c = c;
-        expand(t, sc + k * 3, in + k * t.W, lp[c], e);
+        expand(t, sc + k * 3, in + k * t.W, lp[c], t.word_lnp ? t.word_lnp[k] : 0.0, e);
         e.group = group_of(e, cand.size() - 1);
         Group &g = groups[e.group];
         g.top = std::max(g.top, e.x);
@@ -295,9 +298,10 @@ bool read_trie(PyObject *spec, Trie &trie, std::deque<View> &keep, int64_t label
     return true;
 }
 
-// One utterance's frame: candidates expanded and merged, the best groups kept, written to its rows of `out`.
-void utterance(const Tables &t, Work &w, const double *sc, const int64_t *in, const double *lp, double *out_sc,
-               int64_t *out_in, int64_t *parent, int64_t *label, int64_t *pend) {
+// The labels tried in this frame, the groups of the candidates that keep their beam's prefix (the blank, its
+// last label), whose scores so far bound what is kept from below, and the bounds of the others: returns a score
+// below which every group is pruned.
+double prepare(const Tables &t, Work &w, const double *sc, const int64_t *in, const double *lp) {
     w.labels.clear();
     int64_t best = std::max_element(lp, lp + t.L) - lp;  // the first of the best
     w.tried.assign(t.L, 0);
@@ -305,8 +309,6 @@ void utterance(const Tables &t, Work &w, const double *sc, const int64_t *in, co
         if (lp[c] >= t.token_min_logp || c == best) w.labels.push_back(c), w.tried[c] = 1;
     w.cand.clear(), w.groups.clear();
     w.reserve(static_cast<size_t>(t.K) * w.labels.size());
-    // first the candidates that keep their beam's prefix (the blank, its last label): their groups' scores so
-    // far bound what is kept from below (`floor`); then the others, unless their bound is below it
     for (int64_t k = 0; k < t.K; k++) {
         if (!(sc[k * 3] > -INFINITY)) continue;
         int64_t last = in[k * t.W + LAST];
@@ -315,14 +317,25 @@ void utterance(const Tables &t, Work &w, const double *sc, const int64_t *in, co
     }
     double sure = w.floor(t, w.penalties(t, sc, in, lp));
     w.bounds(t, sc, in);
-    size_t n = w.labels.size();
+    return sure;
+}
+
+// Whether beam k + the j-th label tried, which changes its prefix, may join a group that is kept.
+bool worth(const Tables &t, const Work &w, const double *sc, const double *lp, int64_t k, size_t j, double sure) {
+    int64_t c = w.labels[j];
+    return w.reach(t, sc, k, c, lp[c]) + w.penalty[k * w.labels.size() + j] >= sure;
+}
+
+// One utterance's frame: candidates expanded and merged, the best groups kept, written to its rows of `out`.
+void utterance(const Tables &t, Work &w, const double *sc, const int64_t *in, const double *lp, double *out_sc,
+               int64_t *out_in, int64_t *parent, int64_t *label, int64_t *pend) {
+    double sure = prepare(t, w, sc, in, lp);
     for (int64_t k = 0; k < t.K; k++) {
         if (!(sc[k * 3] > -INFINITY)) continue;
         int64_t last = in[k * t.W + LAST];
-        for (size_t j = 0; j < n; j++) {
+        for (size_t j = 0; j < w.labels.size(); j++) {
             int64_t c = w.labels[j];
-            if (c != t.blank && c != last && w.reach(t, sc, k, c, lp[c]) + w.penalty[k * n + j] >= sure)
-                w.add(t, sc, in, lp, k, c);
+            if (c != t.blank && c != last && worth(t, w, sc, lp, k, j, sure)) w.add(t, sc, in, lp, k, c);
         }
     }
     w.scores();
@@ -407,18 +420,19 @@ bool read_tables(PyObject *ints, PyObject *floats, PyObject *arrays, Tables &t, 
 }
 
 // frame(ints, floats, arrays, scores (U, K, 3), beam ints (U, K, W), lp (A, L), dist or None, slot or None,
-//       out scores (A, K, 3), out ints (A, K, W), parent (A, K), label (A, K), pend (A, K, 2))
+//       word_lnp (A, K) or None, out scores (A, K, 3), out ints (A, K, W), parent (A, K), label (A, K),
+//       pend (A, K, 2))
 PyObject *frame(PyObject *, PyObject *args) {
-    PyObject *ints, *floats, *arrays, *o[10];
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOOOOOO", &PyTuple_Type, &ints, &PyTuple_Type, &floats, &PyTuple_Type,
-                          &arrays, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9]))
+    PyObject *ints, *floats, *arrays, *o[11];
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOOOOOOO", &PyTuple_Type, &ints, &PyTuple_Type, &floats, &PyTuple_Type,
+                          &arrays, &o[0], &o[1], &o[2], &o[3], &o[4], &o[10], &o[5], &o[6], &o[7], &o[8], &o[9]))
         return NULL;
     Tables t;
     std::deque<View> keep;  // a deque: a View never moves once it holds a buffer
     if (!read_tables(ints, floats, arrays, t, keep)) return NULL;
-    View b[10];
-    for (int i = 0; i < 10; i++)
-        if (!((i == 3 || i == 4) && o[i] == Py_None) && !b[i].get(o[i], i >= 5)) return NULL;
+    View b[11];  // 10: word_lnp, parsed before the outputs
+    for (int i = 0; i < 11; i++)
+        if (!((i == 3 || i == 4 || i == 10) && o[i] == Py_None) && !b[i].get(o[i], i >= 5 && i < 10)) return NULL;
     if (o[3] != Py_None) {
         if (b[3].b.itemsize == 4) t.dist32 = b[3].at<float>();
         else t.dist64 = b[3].at<double>();
@@ -426,10 +440,12 @@ PyObject *frame(PyObject *, PyObject *args) {
     }
     int64_t A = b[2].count() / t.L, K = t.K, W = t.W;
     static Work work;
-    for (int64_t u = 0; u < A; u++)
+    for (int64_t u = 0; u < A; u++) {
+        t.word_lnp = o[10] == Py_None ? nullptr : b[10].at<double>() + u * K;
         utterance(t, work, b[0].at<double>() + u * K * 3, b[1].at<int64_t>() + u * K * W, b[2].at<double>() + u * t.L,
                   b[5].at<double>() + u * K * 3, b[6].at<int64_t>() + u * K * W, b[7].at<int64_t>() + u * K,
                   b[8].at<int64_t>() + u * K, b[9].at<int64_t>() + u * K * 2);
+    }
     Py_RETURN_NONE;
 }
 

@@ -65,19 +65,19 @@ class CompiledSearch:
     def frame(self, b: Beams, lp: Tensor, active: int) -> tuple[Beams, Tensor, Tensor]:
         """As seqlm.decode.search.Search.frame."""
         t, K = self.t, self.t.cfg.beam_width
-        pool, dist, slot = t.pool, None, None
-        if pool is not None:  # the rows of the beams that may read an LM token in this frame, read first
-            alive = b.alive[:active]
-            need = alive & (b.plen[:active] > 0) if t.word_level else alive
-            pool.read_rows(b.row[:active][need])
+        pool, dist, slot, word_lnp = t.pool, None, None, None
+        if pool is not None and t.word_level:  # what each partial word would score if it ended in this frame
+            word_lnp = self.word_lnp(b, active).numpy()
+        elif pool is not None:  # token level: the rows of every live beam, read first
+            pool.read_rows(b.row[:active][b.alive[:active]])
             dist, slot = pool.dist.numpy(), pool.slot.numpy()
         out = Beams(torch.empty((active, K, 3), dtype=torch.float64), torch.empty((active, K, b.ints.shape[-1]),
                                                                                   dtype=torch.long))
         parent, label = torch.empty((active, K), dtype=torch.long), torch.empty((active, K), dtype=torch.long)
         pend = torch.empty((active, K, 2), dtype=torch.long)  # (LM row, token) a kept beam reads; -1: none
         self.ext.frame(self._ints(), self._floats(), self.arrays, b.scores.numpy(), b.ints.numpy(),
-                       lp.contiguous().numpy(), dist, slot, out.scores.numpy(), out.ints.numpy(), parent.numpy(),
-                       label.numpy(), pend.numpy())
+                       lp.contiguous().numpy(), dist, slot, word_lnp, out.scores.numpy(), out.ints.numpy(),
+                       parent.numpy(), label.numpy(), pend.numpy())
         if pool is not None:
             pend = pend.view(-1, 2)
             i = (pend[:, 0] >= 0).nonzero().squeeze(1)
@@ -87,6 +87,18 @@ class CompiledSearch:
                                                                                pairs % t.vocab_size)[inverse]
         b.scores[:active], b.ints[:active] = out.scores, out.ints
         return b, parent, label
+
+    def word_lnp(self, b: Beams, active: int) -> Tensor:
+        """(A, K) float64 ln p(partial word | history) of the live beams with a partial word (<unk> for one the LM
+        does not spell: decoder.py's lm_events), 0 elsewhere; one read of the pool for all."""
+        t = self.t
+        node, out = b.node[:active], torch.zeros((active, t.cfg.beam_width), dtype=torch.float64)
+        need = b.alive[:active] & (b.plen[:active] > 0)  # (A, K)
+        if need.any():
+            n = node[need]
+            word = torch.where(n >= 0, t.lexicon.word.index_select(0, n.clamp(min=0)), -1)
+            out[need] = t.pool.logp(b.row[:active][need], torch.where(word >= 0, word, t.unk))
+        return out
 
     def _ints(self) -> tuple:
         t = self.t
