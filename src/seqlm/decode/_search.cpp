@@ -60,7 +60,8 @@ struct Tables {
     int64_t L, K, H, W, blank, unk, V;
     bool word_level, has_lex, has_hot, has_lm, prune_history, bound_by_prefix;
     // bound: the most a label adds to a beam's LM and hotword score, + ln 2 (decoder.py's Tables.bound); inf: none
-    double alpha, beta, unk_offset, token_min_logp, beam_prune_logp, bound;
+    // hot_max: the largest hotword weight (or 0), of which `bound` counts two (a finished word, a partial one)
+    double alpha, beta, unk_offset, token_min_logp, beam_prune_logp, bound, hot_max;
     const int64_t *starts, *text_len, *part_codes, *key_codes, *tokens;
     int64_t part_width, key_width;
     Trie lex, hot;
@@ -223,26 +224,26 @@ struct Work {
         }
         return std::max(kth, std::max(top, grown) + t.beam_prune_logp) - SLACK;
     }
-    // (K, labels) the partial word's penalty after each label that changes the prefix, where it is known (a
-    // lexicon, no hotwords; else 0: at most it); returns the best score a label continuing a word reaches at
-    // least (its LM score stays; -inf where the penalty is not known)
+    // (K, labels) the partial word's score after each label that changes the prefix (search.py's partial_scores,
+    // as expand computes it); returns the best score a label continuing a word reaches at least (its LM and
+    // hotword score stays)
     double penalties(const Tables &t, const double *sc, const int64_t *in, const double *lp) {
         size_t n = labels.size();
         penalty.assign(t.K * n, 0.0);
         double grown = -INFINITY;
-        if (!t.has_lex || t.has_hot) return grown;
         for (int64_t k = 0; k < t.K; k++) {
             if (!(sc[k * 3] > -INFINITY)) continue;
             const int64_t *b = in + k * t.W;
             for (size_t j = 0; j < n; j++) {
                 int64_t c = labels[j];
                 if (c == t.blank || c == b[LAST]) continue;
-                bool starts = t.starts[c] != 0;
-                bool prefixed;
-                t.lex_next(b[NODE], c, starts, prefixed);
+                bool starts = t.starts[c] != 0, prefixed = true;
+                if (t.has_lex) t.lex_next(b[NODE], c, starts, prefixed);
                 int64_t plen = (starts ? 0 : b[PLEN]) + t.text_len[c];
                 double scale = plen > AVG_WORD ? static_cast<double>(plen) / AVG_WORD : 1.0;
                 double pen = !prefixed && plen > 0 ? t.unk_offset * scale : 0.0;
+                int64_t hot = t.has_hot ? t.hot.follow(b[HOT], c, starts) : -1;
+                if (hot >= 0 && plen > 0) pen = t.hot_min_weight[hot] * static_cast<double>(plen) / t.hot_min_len[hot];
                 penalty[k * n + j] = pen;
                 if (!starts) grown = std::max(grown, sc[k * 3] + lp[c] + sc[k * 3 + 1] + pen);
             }
@@ -269,13 +270,13 @@ struct Work {
         }
         everyone = top + std::log(all);
     }
-    // at least the score of any group beam k + label c joins (search.py's Search.reach, without the partial
-    // word's penalty, which is at most 0 unless hotwords count, and `bound` counts those): its members are
-    // beams of k's prefix and the one that repeats c (a space at word level, or a longer label: any beam)
+    // at most the score of any group beam k + label c joins, less its partial word's score (`penalties`, known
+    // exactly; so `bound` counts one hotword weight, for a finished word): its members are beams of k's prefix
+    // and the one that repeats c (a space at word level, or a longer label: any beam); search.py's Search.reach
     double reach(const Tables &t, const double *sc, int64_t k, int64_t c, double lp) const {
         bool anyone = !t.bound_by_prefix || (t.word_level && t.starts[c] && t.text_len[c] == 0);
         double parents = (anyone ? everyone : prefix[k]) + sc[k * 3 + 1];
-        return std::max(parents, repeat[c] + best_lm) + lp + t.bound;
+        return std::max(parents, repeat[c] + best_lm) + lp + (t.bound - t.hot_max);
     }
 };
 
@@ -395,8 +396,8 @@ bool read_tables(PyObject *ints, PyObject *floats, PyObject *arrays, Tables &t, 
     t.word_level = v[6], t.has_lex = v[7], t.has_hot = v[8], t.has_lm = v[9], t.prune_history = v[10];
     t.bound_by_prefix = v[11];
     t.W = COLUMNS + t.H;
-    double *f[] = {&t.alpha, &t.beta, &t.unk_offset, &t.token_min_logp, &t.beam_prune_logp, &t.bound};
-    for (int i = 0; i < 6; i++) *f[i] = PyFloat_AsDouble(PyTuple_GetItem(floats, i));
+    double *f[] = {&t.alpha, &t.beta, &t.unk_offset, &t.token_min_logp, &t.beam_prune_logp, &t.bound, &t.hot_max};
+    for (int i = 0; i < 7; i++) *f[i] = PyFloat_AsDouble(PyTuple_GetItem(floats, i));
     if (PyErr_Occurred()) return false;
     // arrays: starts, text_len, part_codes, key_codes, tokens, word, unigram, prefix (int64), hot_weight,
     // hot_min_len, hot_min_weight (float64), then the tries' tuples (lexicon, hotwords)

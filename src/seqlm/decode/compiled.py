@@ -109,4 +109,4 @@ class CompiledSearch:
     def _floats(self) -> tuple:
         c, bound = self.t.cfg, self.t.bound
         return (float(c.alpha), float(c.beta), float(c.unk_offset), float(c.token_min_logp), float(c.beam_prune_logp),
-                math.inf if bound is None else float(bound))
+                math.inf if bound is None else float(bound), float(self.t.hot_max))
