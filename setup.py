@@ -18,7 +18,8 @@ EXTENSIONS = [
     Extension("seqlm.data._seqlm_tokens", ["src/seqlm/data/_tokens.cpp"], depends=["src/seqlm/data/_utf8_space.h"],
               extra_compile_args=FLAGS,
               language="c++"),
-    Extension("seqlm.decode._seqlm_decode", ["src/seqlm/decode/_search.cpp"], extra_compile_args=FLAGS, language="c++"),
+    Extension("seqlm.decode._seqlm_decode", ["src/seqlm/decode/_search.cpp"], depends=["src/seqlm/decode/_tables.h"],
+              extra_compile_args=FLAGS, language="c++"),
 ]
 
 
