@@ -304,22 +304,39 @@ def run_diversity(args: argparse.Namespace, name: str = "diversity", n: int = 12
     return row
 
 
+EPOCH_CURVES = {  # DSAE against epochs: rows of one recipe trained longer (CONTINUED chains), per unit
+    "word": ["word-semhash-10ep", "word-semhash-20ep"],
+    "char": ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance",
+             "char-semhash-12ep-fixedpos-balance"],
+}
+
+
 def plot(path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in _saved_rows().values() if r.get("dsae") is not None]
+    saved = _saved_rows()
+    rows = [r for r in saved.values() if r.get("dsae") is not None]
     if not rows:
         return
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, (ax, curve) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 1.3]})
     ax.bar([r["name"] for r in rows], [100 * r["dsae"] for r in rows], color="tab:blue")
-    ax.axhline(40, color="gray", ls="--", lw=1, label="issue's goal (char, semantic hashing)")
+    ax.axhline(40, color="gray", ls="--", lw=1, label="issue 44's goals: word level 40%")
+    ax.axhline(50, color="gray", ls=":", lw=1, label="character level 50%")
     ax.set_ylabel("DSAE (%)")
     ax.set_title("DSAE on the test sets (PTB; synthetic: random letters), shortened CPU recipes", fontsize=10)
     ax.legend(fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=7)
+    for unit, names in EPOCH_CURVES.items():
+        points = [(_epochs(n), 100 * saved[n]["dsae"]) for n in names if saved.get(n, {}).get("dsae") is not None]
+        if points:
+            curve.plot(*zip(*points), marker="o", label=f"{unit} level")
+    curve.set_xlabel("epochs")
+    curve.set_ylabel("DSAE (%)")
+    curve.set_title("the same recipe, trained longer", fontsize=10)
+    curve.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -327,7 +344,10 @@ def plot(path: Path) -> None:
 def main() -> None:
     p = row_parser(__doc__, "char-baseline,char-semhash,char-gumbel", "bf16")
     p.add_argument("--minutes", type=float, default=0.0, help="replace the recipe's --max-minutes (stated in the row)")
+    p.add_argument("--plot", action="store_true", help="only draw dae.png again from dae.json")
     args = p.parse_args()
+    if args.plot:
+        return plot(RESULTS / "dae.png")
     torch.set_num_threads(args.threads)
     for name in args.rows.split(","):
         extra = {"code-usage": run_code_usage} | {d: functools.partial(run_diversity, name=d) for d in DIVERSITY}
