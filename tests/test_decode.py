@@ -9,8 +9,8 @@
 - A small LSTM: the LM part of the best transcript equals its sentence score (one forward pass).
 - Hotwords change the result as their rule says; the CLI writes what the API gives; bad input is one line,
   exit 2, nothing written.
-Every test runs twice: with the compiled frame step and with the tensor one; and on larger random cases the
-two give the same n-best and scores in every mode (word and token level, pieces, hotwords, history pruning).
+Every test runs twice: with the compiled frame step and with the tensor one (tests/test_decode_twins.py compares
+the two directly).
 """
 
 from __future__ import annotations
@@ -365,37 +365,3 @@ def test_leaving_out_labels_by_their_score_bound_changes_nothing(kn3, monkeypatc
         assert [h.text for h in a] == [h.text for h in b]
         np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-9)
 
-
-@pytest.mark.parametrize("setup", ["word-lm", "word-lm-history", "hotwords-lm", "pieces", "token-lm", "no-lm"])
-def test_the_compiled_frame_equals_the_tensor_search(kn3, tmp_path, search, setup):
-    """seqlm.decode.compiled (_search.cpp) is the twin of seqlm.decode.search: the same n-best, the same scores."""
-    from seqlm.decode.search import Search
-
-    if search == "tensor":
-        pytest.skip("compares the two steps itself")
-    _, model, _, labels, mats, _ = kn3
-    cfg = dict(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, prune_history=setup == "word-lm-history")
-    lm, hot, names = model, None, labels
-    if setup == "hotwords-lm":
-        hot = parse_hotwords([], ["cat", "mat", "the"], 3.0)
-    if setup in ("pieces", "no-lm"):  # word starts as ▁ pieces next to a space label, no LM
-        names, lm = (["", " ", "a", "b", "▁a", "▁b"], None) if setup == "pieces" else (labels, None)
-        rng = np.random.default_rng(5)
-        mats = [rng.normal(0, 2, (int(rng.integers(4, 30)), len(names))) for _ in range(30)]
-    if setup == "token-lm":
-        (tmp_path / "c").mkdir()
-        (tmp_path / "c" / "train.txt").write_text("ab a\nba ab\na b\nab ba a\nb b a\nba ba\n")
-        assert main(["train", "--model", "kn", "--order", "3", "--unit", "char", "--data", str(tmp_path / "c"),
-                     "--out", str(tmp_path / "kc")]) == 0
-        names, lm = ["<blank>", " ", "a", "b"], seqlm.load(tmp_path / "kc")
-        rng = np.random.default_rng(6)
-        mats = [rng.normal(0, 2, (int(rng.integers(4, 30)), 4)) for _ in range(30)]
-    compiled = CTCDecoder(resolve(names), lm, DecodeConfig(**cfg, batch_size=7), hotwords=hot)
-    tensor = CTCDecoder(resolve(names), lm, DecodeConfig(**cfg, batch_size=7), hotwords=hot)
-    assert not isinstance(compiled.search, Search)
-    tensor.search = Search(tensor.tables)
-    for a, b in zip(compiled.decode(mats), tensor.decode(mats), strict=True):
-        assert [h.text for h in a] == [h.text for h in b]
-        assert [h.labels for h in a] == [h.labels for h in b]
-        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-9)
-        np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], atol=1e-9)
