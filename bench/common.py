@@ -28,12 +28,13 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def git_rev() -> str:
-    """HEAD's short hash, with "-dirty" when anything tracked in the whole tree differs from it."""
+    """HEAD's short hash, with "-dirty" when anything tracked in the tree differs from it, bench/results aside: the
+    tables the benchmarks write (a second run in the same checkout finds the first one's rows there)."""
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)bench/results"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
