@@ -164,7 +164,12 @@ def simulate(text: str, labels: list[str], rng: np.random.Generator, noise: floa
 
 @pytest.fixture(scope="module")
 def kn3(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kn3")
+    return build_kn3(tmp_path_factory.mktemp("kn3"))
+
+
+def build_kn3(root):
+    """A word KN3 model (its directory, the model, its words), labels for its characters, and 20 simulated
+    utterances of its test sentences with the sentences."""
     corpus = write_corpus(root / "corpus", n_train=200)
     assert main(["train", "--model", "kn", "--order", "3", "--data", str(corpus), "--out", str(root / "kn3")]) == 0
     model = seqlm.load(root / "kn3")

@@ -13,9 +13,9 @@ from seqlm.cli import main
 from seqlm.decode import CTCDecoder, DecodeConfig, resolve
 from seqlm.decode.compiled import extension
 from seqlm.decode.lexicon import parse_hotwords
-from test_decode import ALPHA, BETA, simulate
+from test_decode import ALPHA, BETA, build_kn3
 
-from conftest import require_env, write_corpus
+from conftest import require_env
 
 
 @pytest.fixture(autouse=True)
@@ -26,15 +26,7 @@ def _built():
 
 @pytest.fixture(scope="module")
 def kn3(tmp_path_factory):
-    """A word KN3 model, its labels and 20 simulated utterances of its test sentences (as tests/test_decode.py)."""
-    root = tmp_path_factory.mktemp("kn3")
-    corpus = write_corpus(root / "corpus", n_train=200)
-    assert main(["train", "--model", "kn", "--order", "3", "--data", str(corpus), "--out", str(root / "kn3")]) == 0
-    model = seqlm.load(root / "kn3")
-    labels = ["", " ", *sorted({c for w in model.vocab.itos if w not in ("<s>", "</s>") for c in w})]
-    rng = np.random.default_rng(0)
-    lines = (corpus / "test.txt").read_text().splitlines()[:20]
-    return model, labels, [simulate(line, labels, rng, noise=1.5) for line in lines]
+    return build_kn3(tmp_path_factory.mktemp("kn3"))
 
 
 @pytest.mark.parametrize("setup", ["word-lm", "word-lm-history", "hotwords-lm", "pieces", "token-lm", "no-lm"])
@@ -42,7 +34,7 @@ def test_the_compiled_frame_equals_the_tensor_search(kn3, tmp_path, setup):
     """seqlm.decode.compiled (_search.cpp) is the twin of seqlm.decode.search: the same n-best, the same scores."""
     from seqlm.decode.search import Search
 
-    model, labels, mats = kn3
+    _, model, _, labels, mats, _ = kn3
     cfg = dict(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, prune_history=setup == "word-lm-history")
     lm, hot, names = model, None, labels
     if setup == "hotwords-lm":
