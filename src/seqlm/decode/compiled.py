@@ -82,9 +82,7 @@ class CompiledSearch:
             pend = pend.view(-1, 2)
             i = (pend[:, 0] >= 0).nonzero().squeeze(1)
             if len(i):  # new rows, made together (search.py's extend_lm)
-                pairs, inverse = torch.unique(pend[i, 0] * t.vocab_size + pend[i, 1], return_inverse=True)
-                out.ints.view(-1, len(COLUMNS) + t.history)[i, ROW] = pool.add(pairs // t.vocab_size,
-                                                                               pairs % t.vocab_size)[inverse]
+                out.ints.view(-1, len(COLUMNS) + t.history)[i, ROW] = pool.add_pairs(pend[i, 0], pend[i, 1])
         b.scores[:active], b.ints[:active] = out.scores, out.ints
         return b, parent, label
 
@@ -95,9 +93,7 @@ class CompiledSearch:
         node, out = b.node[:active], torch.zeros((active, t.cfg.beam_width), dtype=torch.float64)
         need = b.alive[:active] & (b.plen[:active] > 0)  # (A, K)
         if need.any():
-            n = node[need]
-            word = torch.where(n >= 0, t.lexicon.word.index_select(0, n.clamp(min=0)), -1)
-            out[need] = t.pool.logp(b.row[:active][need], torch.where(word >= 0, word, t.unk))
+            out[need] = t.pool.logp(b.row[:active][need], t.word_tokens(node[need]))
         return out
 
     def _ints(self) -> tuple:

@@ -124,9 +124,13 @@ class Tables:
         if not self.word_level:
             return moves.fresh, self.tokens.index_select(0, c), torch.zeros_like(old.lm)
         n = old.node.clamp(min=0)
-        word = torch.where(old.node >= 0, self.lexicon.word.index_select(0, n), -1)
         unknown = ~((old.node >= 0) & self.lexicon.unigram.index_select(0, n))
-        return moves.ends, torch.where(word >= 0, word, self.unk), unknown.double()
+        return moves.ends, self.word_tokens(old.node), unknown.double()
+
+    def word_tokens(self, node: Tensor) -> Tensor:
+        """(E,) the LM's id of the word each partial word at `node` (E,) spells, <unk> for one it does not."""
+        word = torch.where(node >= 0, self.lexicon.word.index_select(0, node.clamp(min=0)), -1)
+        return torch.where(word >= 0, word, self.unk)
 
 
 def _unit(lm: LanguageModel, cfg: DecodeConfig) -> str:

@@ -76,9 +76,8 @@ def _final_lm(t, old: Beams, pending: Tensor) -> Tensor:
     if len(i):
         lnp = t.pool.logp(row[i], token[i])
         add[i] += t.cfg.alpha * (lnp + unknown[i] * (t.cfg.unk_offset * LN10)) + t.cfg.beta
-        pairs, inverse = torch.unique(row[i] * t.vocab_size + token[i], return_inverse=True)
         row = row.clone()
-        row[i] = t.pool.add(pairs // t.vocab_size, pairs % t.vocab_size)[inverse]
+        row[i] = t.pool.add_pairs(row[i], token[i])
     eos = torch.full_like(row, t.eos)
     return add + t.cfg.alpha * t.pool.logp(row, eos)
 

@@ -47,6 +47,12 @@ class LMPool:
         self.size += n
         return rows
 
+    def add_pairs(self, parents: Tensor, tokens: Tensor) -> Tensor:
+        """The rows (R,) for parents[i] + tokens[i], equal pairs sharing one new row."""
+        V = len(self.model.vocab)
+        pairs, inverse = torch.unique(parents * V + tokens, return_inverse=True)  # (N,)
+        return self.add(pairs // V, pairs % V)[inverse]
+
     def read_rows(self, rows: Tensor) -> None:
         """Read the unread rows among `rows`: one extend from their parents' states, one advance."""
         todo = torch.unique(rows[self.slot[rows] < 0])

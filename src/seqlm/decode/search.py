@@ -236,8 +236,7 @@ class Search:
         i = event.nonzero().squeeze(1)
         if len(i) == 0:
             return row
-        pairs, inverse = torch.unique(row[i] * t.vocab_size + token[i], return_inverse=True)  # (N,)
-        row[i] = t.pool.add(pairs // t.vocab_size, pairs % t.vocab_size)[inverse]
+        row[i] = t.pool.add_pairs(row[i], token[i])
         return row
 
 
