@@ -188,13 +188,17 @@ struct Work {
         }
         everyone = top + std::log(all);
     }
-    // at most the score of any group beam k + label c joins, less its partial word's score (`penalties`, known
-    // exactly; so `bound` counts one hotword weight, for a finished word): its members are beams of k's prefix
-    // and the one that repeats c (a space at word level, or a longer label: any beam); search.py's Search.reach
-    double reach(const Tables &t, const double *sc, int64_t k, int64_t c, double lp) const {
+    // at most the score of any group beam k (ints b) + label c joins, less its partial word's score (`penalties`,
+    // known exactly): its members are beams of k's prefix and the one that repeats c (a space at word level:
+    // also the beams of k's prefix with the word ended; a longer label: any beam); search.py's Search.reach.
+    // `bound` counts two hotword weights (a finished word, a partial one); with labels of one character, the
+    // finished word's is known too: the members that end a word end k's (the others add none).
+    double reach(const Tables &t, const double *sc, const int64_t *b, int64_t k, int64_t c, double lp) const {
         bool anyone = !t.bound_by_prefix || (t.word_level && t.starts[c] && t.text_len[c] == 0);
         double parents = (anyone ? everyone : prefix[k]) + sc[k * 3 + 1];
-        return std::max(parents, repeat[c] + best_lm) + lp + (t.bound - t.hot_max);
+        double hot = t.hot_max;
+        if (t.bound_by_prefix) hot = t.has_hot && t.starts[c] && b[PLEN] > 0 && b[HOT] >= 0 ? t.hot_weight[b[HOT]] : 0.0;
+        return std::max(parents, repeat[c] + best_lm) + lp + (t.bound - 2 * t.hot_max) + hot;
     }
 };
 
@@ -221,9 +225,10 @@ double prepare(const Tables &t, Work &w, const double *sc, const int64_t *in, co
 }
 
 // Whether beam k + the j-th label tried, which changes its prefix, may join a group that is kept.
-bool worth(const Tables &t, const Work &w, const double *sc, const double *lp, int64_t k, size_t j, double sure) {
+bool worth(const Tables &t, const Work &w, const double *sc, const int64_t *in, const double *lp, int64_t k, size_t j,
+           double sure) {
     int64_t c = w.labels[j];
-    return w.reach(t, sc, k, c, lp[c]) + w.penalty[k * w.labels.size() + j] >= sure;
+    return w.reach(t, sc, in + k * t.W, k, c, lp[c]) + w.penalty[k * w.labels.size() + j] >= sure;
 }
 
 // One utterance's frame: candidates expanded and merged, the best groups kept, written to its rows of `out`.
@@ -235,7 +240,7 @@ void utterance(const Tables &t, Work &w, const double *sc, const int64_t *in, co
         int64_t last = in[k * t.W + LAST];
         for (size_t j = 0; j < w.labels.size(); j++) {
             int64_t c = w.labels[j];
-            if (c != t.blank && c != last && worth(t, w, sc, lp, k, j, sure)) w.add(t, sc, in, lp, k, c);
+            if (c != t.blank && c != last && worth(t, w, sc, in, lp, k, j, sure)) w.add(t, sc, in, lp, k, c);
         }
     }
     w.scores();

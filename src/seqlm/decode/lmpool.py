@@ -6,7 +6,7 @@ A new row is only (parent row, token) until a word ends after it: most beams die
 never cost an LM call. Then every row asked for in one frame is read with one `extend` from the parents' states
 and one `advance` (seqlm.protocol), whatever its utterance. A row's parent is read before the row is made (its
 word was scored from it), so one step always suffices. Rows no beam needs any more are dropped now and then
-(`compact`), so the pool holds about as many rows as live beams.
+(`compact`), so the pool holds at most about twice the rows the beams read.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class LMPool:
         self.parent, self.token, self.slot = long(-1), long(-1), long(-1)  # (capacity,) per row; slot -1: unread
         self.slot[0] = 0
         self.size = 1
+        self.live = 0  # the distinct rows the beams read when last counted (decoder.py's _compact)
 
     def logp(self, rows: Tensor, tokens: Tensor) -> Tensor:
         """(R,) float64 ln p(tokens[i] | history of rows[i]), on the decoder's device."""
