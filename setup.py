@@ -12,7 +12,8 @@ FLAGS = ["-O2", "-std=c++17"]
 EXTENSIONS = [
     Extension("seqlm.ngram._seqlm_native", ["src/seqlm/ngram/_native.cpp", "src/seqlm/ngram/_kenlm_calls.cpp",
                                             "src/seqlm/ngram/_lexicon.cpp", "src/seqlm/ngram/_state.cpp",
-                                            "src/seqlm/ngram/_arpa_text.cpp", "src/seqlm/ngram/_sort.cpp"],
+                                            "src/seqlm/ngram/_arpa_text.cpp", "src/seqlm/ngram/_sort.cpp",
+                                            "src/seqlm/ngram/_dense.cpp"],
               depends=["src/seqlm/ngram/_buffers.h", "src/seqlm/ngram/_scorer.h", "src/seqlm/ngram/_state.h",
                        "src/seqlm/data/_utf8_space.h"], extra_compile_args=FLAGS, language="c++"),
     Extension("seqlm.data._seqlm_tokens", ["src/seqlm/data/_tokens.cpp"], depends=["src/seqlm/data/_utf8_space.h"],

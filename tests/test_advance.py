@@ -28,7 +28,7 @@ from seqlm.ngram.model import NGramModel
 from seqlm.protocol import Prefixes, begin
 from seqlm.registry import new_model
 
-from conftest import require_module
+from conftest import require_env, require_module
 
 LN10 = math.log(10.0)
 WORDS = [f"w{i}" for i in range(40)]
@@ -178,6 +178,36 @@ def test_ngram_extend_is_a_step_and_advance_its_distribution(kn_root):
         prefixes = model.extend(prefixes, rows, tokens)
         assert torch.equal(prefixes.state, state) and prefixes.cache is None  # no distribution made yet
         torch.testing.assert_close(model.advance(prefixes), logp)
+
+
+@pytest.mark.parametrize("which", ["pruned", "random"])
+def test_ngram_compiled_rows_equal_the_tensor_rows(kn_root, which):
+    """advance's compiled CPU rows (ngram/_dense.cpp) against the tensor version, bit for bit, in float32 and
+    float64: windows of listed histories, of random words and of unknown (-1) positions, every order."""
+    from seqlm.ngram.native import extension
+
+    if extension() is None:
+        require_env("CI", "the compiled loops are not built here")
+    root = kn_root / f"dense-{which}"
+    root.mkdir()
+    arpa = train_arpa(root, 5, ["--prune", "0 1 1 2"]) if which == "pruned" else blank_laden(root, "random")
+    model = NGramModel.from_arpa(arpa)
+    rng = random.Random(3)
+    choose = follower(read_arpa_dict(arpa), model.vocab, rng)
+    windows = [prefixes.state for prefixes, _ in walk(model, begin(model, 8), [[model.vocab.bos_id]] * 8, 6, rng,
+                                                      choose)]
+    V, N = len(model.vocab), model.order
+    windows.append(torch.randint(-1, V, (64, N - 1)))
+    windows += [w[:, N - 1 - k:] for w in windows[-1:] for k in range(N - 1)]  # shorter windows: fewer orders
+    for dtype in (torch.float32, torch.float64):
+        tables = model.tensors(torch.device("cpu"), dtype)
+        assert tables._compiled is not None
+        for window in windows:
+            got = tables.advance(window)
+            assert got.dtype == dtype
+            assert torch.equal(got, tables.distribution(tables.context_ids(window)))
+    with pytest.raises(IndexError, match="past the vocabulary"):
+        tables.advance(torch.full((2, N - 1), V))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -44,7 +44,7 @@ def test_sdist_has_sources_and_wheel_has_modules(dist):
     (sdist,) = dist.glob("*.tar.gz")
     with tarfile.open(sdist) as t:
         names = {Path(n).name for n in t.getnames()}
-    assert {"_native.cpp", "_arpa_text.cpp", "_sort.cpp", "_buffers.h", "_tokens.cpp", "_search.cpp",
+    assert {"_native.cpp", "_arpa_text.cpp", "_sort.cpp", "_buffers.h", "_tokens.cpp", "_search.cpp", "_dense.cpp",
             "setup.py"} <= names
     (wheel,) = dist.glob("*.whl")
     with zipfile.ZipFile(wheel) as z:

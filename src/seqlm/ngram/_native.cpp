@@ -249,12 +249,15 @@ PyObject *seqlm_arpa_lines(PyObject *, PyObject *);
 PyObject *seqlm_float32_texts(PyObject *, PyObject *);
 // _sort.cpp
 PyObject *seqlm_radix_sort(PyObject *, PyObject *);
+// _dense.cpp
+PyObject *seqlm_dense_rows(PyObject *, PyObject *);
 
 static PyMethodDef module_methods[] = {
     {"assemble", seqlm_assemble, METH_VARARGS, "assemble(buf, start, length) -> the pieces joined, as bytes"},
     {"arpa_lines", seqlm_arpa_lines, METH_VARARGS, "arpa_lines(words, k, prob, backoff, text, start, length)"},
     {"float32_texts", seqlm_float32_texts, METH_VARARGS, "float32_texts(values) -> each text and a newline"},
     {"radix_sort", seqlm_radix_sort, METH_VARARGS, "radix_sort(key, scratch, perm or None, perm scratch)"},
+    {"dense_rows", seqlm_dense_rows, METH_VARARGS, "dense_rows(window, out, orders, bos): advance.py's rows"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from seqlm.ngram.native import extension
+
 LN10 = math.log(10.0)
 
 
@@ -38,6 +40,10 @@ class NGramTensors:
         # first[k - 1][c]: where the order-(k+1) n-grams continuing the order-k context c begin, c = 0..M_k
         self.first = [_tensor(np.searchsorted(model.keys[k], np.arange(len(model.keys[k - 1]) + 1) * V), device)
                       for k in range(1, self.order)]
+        self._compiled = extension() if device.type == "cpu" else None
+        self._orders = tuple((self.words[k].numpy(), self.logp[k].numpy(), _nth(self.backoff, k, dtype).numpy(),
+                              _nth(self.first, k, torch.long).numpy())
+                             for k in range(self.order)) if self._compiled is not None else ()
 
     def find(self, k: int, context: Tensor, words: Tensor) -> Tensor:
         """Id at order k of the n-gram (context, word), context an id at order k - 1; -1 where absent."""
@@ -87,8 +93,14 @@ class NGramTensors:
         return logp
 
     def advance(self, window: Tensor) -> Tensor:
-        """(B, V) ln p of the next word after each window of the last N-1 words read."""
-        return self.distribution(self.context_ids(window.to(self.device)))
+        """(B, V) ln p of the next word after each window of the last N-1 words read: on the CPU by one
+        compiled call where it is built (ngram/_dense.cpp, the same rule and sums), else as tensors."""
+        window = window.to(self.device)
+        if self._compiled is None:
+            return self.distribution(self.context_ids(window))
+        out = torch.empty((len(window), self.V), dtype=self.logp[0].dtype)  # (B, V)
+        self._compiled.dense_rows(window.contiguous().numpy(), out.numpy(), self._orders, self.bos)
+        return out
 
 
 def shift_windows(window: Tensor, rows: Tensor, tokens: Tensor) -> Tensor:
@@ -97,6 +109,11 @@ def shift_windows(window: Tensor, rows: Tensor, tokens: Tensor) -> Tensor:
     if window.shape[1] == 0:
         return window
     return torch.cat([window[:, 1:], tokens.to(window.device, torch.long).view(-1, 1)], dim=1)  # (R, N-1)
+
+
+def _nth(tables: list[Tensor], k: int, dtype: torch.dtype) -> Tensor:
+    """tables[k], or an empty table where the list is shorter (the top order has no back-offs, no runs)."""
+    return tables[k] if k < len(tables) else torch.zeros(0, dtype=dtype)
 
 
 def _take(values: Tensor, ids: Tensor) -> Tensor:

@@ -1,0 +1,107 @@
+// advance.py's NGramTensors.advance on the CPU in one call: each row's context ids, then its whole-vocabulary
+// distribution written straight into the output. The tensor version pays some thirty tensor operations a
+// call whatever B is, which a decoder asking for a few rows a frame feels; the rule and the order of every
+// addition are the tensor version's (tests/test_ngram_advance.py holds them equal).
+#include "_buffers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace {
+
+const int MAX_ORDER = 64;
+
+struct Order {  // one order's tables (advance.py's NGramTensors), as buffers
+    const int64_t *words = nullptr, *first = nullptr;  // first: runs of the next order (none at the top)
+    const void *logp = nullptr, *backoff = nullptr;
+    int64_t size = 0, backoffs = 0;
+};
+
+// The id at order j + 1 of (the order-j n-gram `context`, word): binary search in the context's run.
+int64_t child(const Order *o, int j, int64_t context, int64_t word) {
+    if (context < 0 || word < 0) return -1;
+    const int64_t *lo = o[j].words + o[j - 1].first[context], *hi = o[j].words + o[j - 1].first[context + 1];
+    const int64_t *at = std::lower_bound(lo, hi, word);
+    return at != hi && *at == word ? at - o[j].words : -1;
+}
+
+template <typename F>
+void rows(const Order *o, const int64_t *window, int64_t B, int64_t L, int64_t V, int64_t bos, F *out) {
+    for (int64_t b = 0; b < B; b++, out += V) {
+        const int64_t *w = window + b * L;
+        int64_t ctx[MAX_ORDER];  // ctx[k]: the id at order k + 1 of the row's last k + 1 words (-1: none)
+        for (int64_t k = 0; k < L; k++) {
+            int64_t id = w[L - 1 - k];  // a word is its own id at order 1
+            for (int64_t j = 1; j <= k; j++) id = child(o, static_cast<int>(j), id, w[L - 1 - k + j]);
+            ctx[k] = id;
+        }
+        F tail[MAX_ORDER + 1];  // tail[k]: back-offs of the contexts of order > k (cumsum in double, as torch)
+        double sum = 0.0;
+        tail[L] = 0;
+        for (int64_t k = L - 1; k >= 0; k--) {
+            if (ctx[k] >= 0 && o[k].backoffs) sum += static_cast<const F *>(o[k].backoff)[ctx[k]];
+            tail[k] = static_cast<F>(sum);
+        }
+        const F *uni = static_cast<const F *>(o[0].logp);
+        for (int64_t v = 0; v < V; v++) out[v] = tail[0] + uni[v];
+        for (int64_t k = 1; k <= L; k++) {  // the n-grams of order k + 1 continuing the order-k context
+            int64_t c = ctx[k - 1];
+            if (c < 0) continue;
+            const F *p = static_cast<const F *>(o[k].logp);
+            for (int64_t e = o[k - 1].first[c]; e < o[k - 1].first[c + 1]; e++) out[o[k].words[e]] = p[e] + tail[k];
+        }
+        out[bos] = -std::numeric_limits<F>::infinity();
+    }
+}
+
+}  // namespace
+
+// dense_rows(window (B, L) int64, out (B, V) float32/64, orders: tuple of (words, logp, backoff, first) per
+// order, first empty at the top, logp and backoff in out's dtype; bos)
+PyObject *seqlm_dense_rows(PyObject *, PyObject *args) {
+    PyObject *window, *out, *orders;
+    long long bos;
+    if (!PyArg_ParseTuple(args, "OOO!L", &window, &out, &PyTuple_Type, &orders, &bos)) return NULL;
+    Buffers io;
+    if (!io.get(window) || !io.get(out, true)) return NULL;
+    Py_ssize_t N = PyTuple_GET_SIZE(orders);
+    if (N < 1 || N > MAX_ORDER) { PyErr_SetString(PyExc_ValueError, "dense_rows: 1 to 64 orders"); return NULL; }
+    int64_t item = io.b[1].itemsize, B = io.b[0].ndim == 2 ? io.b[0].shape[0] : 0, L = B ? io.b[0].shape[1] : 0;
+    if (io.b[1].ndim != 2 || io.b[1].shape[0] != B || L > N - 1 || (item != 4 && item != 8)) {
+        PyErr_SetString(PyExc_ValueError, "dense_rows: window (B, L <= N - 1), out (B, V) float32 or float64");
+        return NULL;
+    }
+    Order o[MAX_ORDER];
+    Py_buffer keep[MAX_ORDER * 4];
+    int held = 0;
+    bool ok = true;
+    for (Py_ssize_t k = 0; k < N && ok; k++) {
+        PyObject *t = PyTuple_GET_ITEM(orders, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) { PyErr_SetString(PyExc_TypeError, "dense_rows: order"); ok = false; break; }
+        for (int i = 0; i < 4 && ok; i++) ok = PyObject_GetBuffer(PyTuple_GET_ITEM(t, i), &keep[held], PyBUF_C_CONTIGUOUS) == 0 && ++held;
+        if (!ok) break;
+        Py_buffer *a = keep + held - 4;
+        o[k].words = static_cast<const int64_t *>(a[0].buf), o[k].size = a[0].len / 8;
+        o[k].logp = a[1].buf, o[k].backoff = a[2].buf, o[k].backoffs = a[2].len / item;
+        o[k].first = static_cast<const int64_t *>(a[3].buf);
+        ok = a[1].itemsize == item && a[1].len / item == o[k].size && (a[3].len == 0 || k + 1 < N);
+        if (!ok) PyErr_SetString(PyExc_ValueError, "dense_rows: an order's tables do not match");
+    }
+    int64_t V = ok ? io.b[1].shape[1] : 0;
+    if (ok && (o[0].size != V || bos < 0 || bos >= V)) {
+        PyErr_SetString(PyExc_ValueError, "dense_rows: the unigrams are not the vocabulary");
+        ok = false;
+    }
+    const int64_t *win = io.i8(0);
+    for (int64_t i = 0; ok && i < B * L; i++)
+        if (win[i] >= V) PyErr_SetString(PyExc_IndexError, "dense_rows: a word id past the vocabulary"), ok = false;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        if (item == 4) rows(o, win, B, L, V, bos, static_cast<float *>(io.b[1].buf));
+        else rows(o, win, B, L, V, bos, static_cast<double *>(io.b[1].buf));
+        Py_END_ALLOW_THREADS
+    }
+    while (held-- > 0) PyBuffer_Release(&keep[held]);
+    return ok ? Py_BuildValue("") : NULL;
+}
