@@ -348,6 +348,48 @@ def test_bad_input_is_one_line_and_nothing_written(on_disk, capsys, tmp_path):
     assert "--refs" in refused([str(tmp / "utts"), "--labels", labels, "--tune"], capsys, out)
 
 
+@pytest.mark.parametrize("level", ["word", "token"])
+def test_compacting_the_lm_pool_changes_nothing(kn3, tmp_path, monkeypatch, level):
+    """The LM pool dropped and repacked every frame (decoder.py's _compact, LMPool.compact) against never:
+    the same n-best, scores and LM scores."""
+    from seqlm.decode import decoder as decoder_module
+    from seqlm.decode.lmpool import LMPool
+
+    _, model, _, labels, mats, _ = kn3
+    if level == "token":
+        (tmp_path / "c").mkdir()
+        (tmp_path / "c" / "train.txt").write_text("ab a\nba ab\na b\nab ba a\nb b a\nba ba\n")
+        assert main(["train", "--model", "kn", "--order", "3", "--unit", "char", "--data", str(tmp_path / "c"),
+                     "--out", str(tmp_path / "kc")]) == 0
+        labels, model = ["<blank>", " ", "a", "b"], seqlm.load(tmp_path / "kc")
+        rng = np.random.default_rng(6)
+        mats = [rng.normal(0, 2, (int(rng.integers(4, 30)), 4)) for _ in range(30)]
+    cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, batch_size=7, prune_history=False)
+    calls, moved = [], []
+    compact, pack = LMPool.compact, LMPool._pack
+
+    def counted(self, live):
+        calls.append(self.size)
+        return compact(self, live)
+
+    def packed(self, old):
+        moved.append(int((old >= len(old)).sum()))
+        return pack(self, old)
+
+    monkeypatch.setattr(decoder_module, "POOL_SLACK", 0)
+    monkeypatch.setattr(LMPool, "compact", counted)
+    monkeypatch.setattr(LMPool, "_pack", packed)
+    often = CTCDecoder(resolve(labels), model, cfg).decode(mats)
+    assert len(calls) >= 10 and sum(moved) > 0  # compacted, and rows moved
+    monkeypatch.setattr(decoder_module.CTCDecoder, "_compact", lambda self, beams: beams)
+    never = CTCDecoder(resolve(labels), model, cfg).decode(mats)
+    for a, b in zip(often, never, strict=True):
+        assert [h.text for h in a] == [h.text for h in b]
+        assert [h.labels for h in a] == [h.labels for h in b]
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-12)
+        np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], atol=1e-12)
+
+
 @pytest.mark.parametrize("setup", ["word-lm", "pieces", "hotwords", "heavy-hotwords"])
 def test_leaving_out_labels_by_their_score_bound_changes_nothing(kn3, monkeypatch, setup):
     """The search skips candidates whose best reachable score is below what is sure to be pruned

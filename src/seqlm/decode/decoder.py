@@ -63,6 +63,9 @@ class DecodeConfig:
                 raise SeqlmError(f"--{name.replace('_', '-')} must be a finite number")
 
 
+POOL_SLACK = 256  # rows an LM pool may hold past twice those its beams read before it is compacted
+
+
 class Tables:
     """What the search reads: labels as tensors, hashes, tries, the LM pool (one per batch) and the settings."""
 
@@ -195,11 +198,11 @@ class CTCDecoder:
         (each a distribution over the vocabulary), and copying it as it grows showed in the profile of a decode
         with hotwords, whose beams read more rows."""
         pool = self.tables.pool
-        if pool is None or pool.size < 2 * pool.live + 256:
+        if pool is None or pool.size < 2 * pool.live + POOL_SLACK:
             return beams
         live = torch.unique(beams.row[beams.alive])
         pool.live = len(live)
-        if pool.size < 2 * pool.live + 256:
+        if pool.size < 2 * pool.live + POOL_SLACK:
             return beams
         beams.ints[..., ROW] = torch.where(beams.alive, pool.compact(live)[beams.row], 0)
         return beams

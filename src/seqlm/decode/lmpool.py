@@ -80,16 +80,32 @@ class LMPool:
         remap[rows] = torch.arange(len(rows), device=self.device)
         slots = self.slot[rows]
         was_read = slots >= 0
-        at = self.dist.device
-        self.state = select_state(self.model, self.state, slots[was_read].to(at))
-        kept = self.dist[slots[was_read].to(at)]  # (N, V)
-        self.dist[: len(kept)] = kept  # the buffer keeps its size: it would only grow again
         new_slot = torch.full_like(slots, -1)
-        new_slot[was_read] = torch.arange(int(was_read.sum()), device=self.device)
+        new_slot[was_read] = self._pack(slots[was_read])
         parent = torch.where(self.parent[rows] >= 0, remap[self.parent[rows].clamp(min=0)], -1)
         self.parent, self.token, self.slot = _sized(parent), _sized(self.token[rows]), _sized(new_slot)
-        self.size, self.read = len(rows), len(kept)
+        self.size = len(rows)
         return remap
+
+    def _pack(self, old: Tensor) -> Tensor:
+        """Move the read rows in slots `old` (N,) (unique) to slots 0..N-1 and return each one's new slot. A row
+        already below N stays; only those above move, into the slots below N that no kept row holds (rows as
+        wide as the vocabulary: copying them is most of a compaction's cost). The buffer keeps its size."""
+        at, n = self.dist.device, len(old)
+        old = old.to(at)
+        stays = old < n
+        free = torch.ones(n, dtype=torch.bool, device=at)
+        free[old[stays]] = False
+        free = free.nonzero().squeeze(1)  # (M,) as many as the rows above N
+        movers = old[~stays]  # (M,)
+        self.dist.index_copy_(0, free, self.dist.index_select(0, movers))  # sources >= N > targets: no overlap
+        order = torch.arange(n, device=at)
+        order[free] = movers  # (N,) the old slot of each new one
+        self.state = select_state(self.model, self.state, order)
+        position = torch.empty(self.read, dtype=torch.long, device=at)
+        position[order] = torch.arange(n, device=at)
+        self.read = n
+        return position[old].to(self.device)
 
 
 def _grown(x: Tensor, fill: float) -> Tensor:

@@ -138,6 +138,8 @@ class MixtureModel(LMBase):
         self.vocab = self.components[0].vocab
         self.tables = [torch.tensor([c.vocab.id(w) for w in self.vocab.itos], dtype=torch.long)  # (V,)
                        for c in self.components]
+        self._same_ids = [len(c.vocab) == len(t) and torch.equal(t, torch.arange(len(t)))  # advance needs no gather
+                          for c, t in zip(self.components, self.tables, strict=True)]
         self.training = False
         self.sentence_only = list(sentence_only)
         self.set_weights(weights)
@@ -229,9 +231,17 @@ class MixtureModel(LMBase):
         states, fresh = prefixes.state
         caches = prefixes.cache or [None] * len(self.components)
         dev = fresh.device
-        dists = [comp.advance(Prefixes(s, c)).to(dev, torch.float64)[:, self.tables[i].to(dev)]  # (B, V) its ids
-                 for i, (comp, s, c) in enumerate(zip(self.components, states, caches, strict=True))]
-        mixed = torch.logsumexp(torch.stack(dists) + self._log_weights(dev).view(-1, 1, 1), dim=0)  # (B, V)
+        log_weights, mixed = self._log_weights(dev), None
+        for i, (comp, s, c) in enumerate(zip(self.components, states, caches, strict=True)):
+            dist = comp.advance(Prefixes(s, c))  # (B, V) in its ids, maybe what its prefixes keep: never written
+            if self._same_ids[i]:
+                dist = dist.to(dev, torch.float64, copy=True)
+            else:
+                # (B, V) a copy, in the mixture's ids; gathered in the component's dtype (float32: half the bytes)
+                dist = dist.index_select(1, self.tables[i].to(dist.device)).to(dev, torch.float64)
+            dist.add_(log_weights[i])
+            # one pass a component: a logsumexp over the stacked tables took several, each a (K, B, V) tensor
+            mixed = dist if mixed is None else torch.logaddexp(mixed, dist, out=mixed)  # (B, V)
         if self.vocab.bos_id != self.vocab.eos_id:
             mixed[:, self.vocab.bos_id] = -torch.inf  # <s> is context only, never predicted
         return mixed
