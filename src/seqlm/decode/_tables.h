@@ -66,7 +66,7 @@ struct Tables {
     // token level: the LM pool's distributions (rows, V), float32 or float64, and its row -> distribution row;
     // word level: (A, K) ln p of each beam's partial word as its next word (what a space would score)
     const float *dist32 = nullptr;
-    const double *dist64 = nullptr, *word_lnp = nullptr;
+    const double *dist64 = nullptr;
     const int64_t *slot = nullptr;
 
     int64_t hash(int64_t h, int64_t c, const int64_t *codes, int64_t width) const {

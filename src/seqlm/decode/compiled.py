@@ -16,6 +16,7 @@ from torch import Tensor
 
 from seqlm.data.native import compiled
 from seqlm.decode.beams import COLUMNS, ROW, Beams
+from seqlm.protocol import model_device
 
 
 def extension():
@@ -24,8 +25,10 @@ def extension():
 
 
 def compiled_search(tables) -> CompiledSearch | None:
-    """The compiled step for these tables, where they are on the CPU and the module is built; else None."""
-    ext = extension() if tables.device.type == "cpu" else None
+    """The compiled step for these tables, where they and the LM are on the CPU (the step reads the LM pool's
+    rows in place) and the module is built; else None."""
+    on_cpu = tables.device.type == "cpu" and (tables.lm is None or model_device(tables.lm).type == "cpu")
+    ext = extension() if on_cpu else None
     return None if ext is None else CompiledSearch(tables, ext)
 
 
@@ -65,18 +68,17 @@ class CompiledSearch:
     def frame(self, b: Beams, lp: Tensor, active: int) -> tuple[Beams, Tensor, Tensor]:
         """As seqlm.decode.search.Search.frame."""
         t, K = self.t, self.t.cfg.beam_width
-        pool, dist, slot, word_lnp = t.pool, None, None, None
-        if pool is not None and t.word_level:  # what each partial word would score if it ended in this frame
-            word_lnp = self.word_lnp(b, active).numpy()
-        elif pool is not None:  # token level: the rows of every live beam, read first
-            pool.read_rows(b.row[:active][b.alive[:active]])
+        pool, dist, slot = t.pool, None, None
+        if pool is not None:  # the rows a beam may score from in this frame, read first: at word level, those
+            scores = b.alive[:active] & (b.plen[:active] > 0) if t.word_level else b.alive[:active]  # with a word
+            pool.read_rows(b.row[:active][scores])
             dist, slot = pool.dist.numpy(), pool.slot.numpy()
         out = Beams(torch.empty((active, K, 3), dtype=torch.float64), torch.empty((active, K, b.ints.shape[-1]),
                                                                                   dtype=torch.long))
         parent, label = torch.empty((active, K), dtype=torch.long), torch.empty((active, K), dtype=torch.long)
         pend = torch.empty((active, K, 2), dtype=torch.long)  # (LM row, token) a kept beam reads; -1: none
         self.ext.frame(self._ints(), self._floats(), self.arrays, b.scores.numpy(), b.ints.numpy(),
-                       lp.contiguous().numpy(), dist, slot, word_lnp, out.scores.numpy(), out.ints.numpy(),
+                       lp.contiguous().numpy(), dist, slot, out.scores.numpy(), out.ints.numpy(),
                        parent.numpy(), label.numpy(), pend.numpy())
         if pool is not None:
             pend = pend.view(-1, 2)
@@ -85,16 +87,6 @@ class CompiledSearch:
                 out.ints.view(-1, len(COLUMNS) + t.history)[i, ROW] = pool.add_pairs(pend[i, 0], pend[i, 1])
         b.scores[:active], b.ints[:active] = out.scores, out.ints
         return b, parent, label
-
-    def word_lnp(self, b: Beams, active: int) -> Tensor:
-        """(A, K) float64 ln p(partial word | history) of the live beams with a partial word (<unk> for one the LM
-        does not spell: decoder.py's lm_events), 0 elsewhere; one read of the pool for all."""
-        t = self.t
-        node, out = b.node[:active], torch.zeros((active, t.cfg.beam_width), dtype=torch.float64)
-        need = b.alive[:active] & (b.plen[:active] > 0)  # (A, K)
-        if need.any():
-            out[need] = t.pool.logp(b.row[:active][need], t.word_tokens(node[need]))
-        return out
 
     def _ints(self) -> tuple:
         t = self.t
