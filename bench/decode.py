@@ -31,7 +31,9 @@ Rows, at beam widths B = 8 and 32:
 Every row but greedy picks (alpha, beta) from one grid by WER on the tuning set (`picked_on`, `grid`), then
 decodes test, timed (`ms_per_utterance`: decoding only, model loading excluded; the best of up to 3 runs, another
 run made only while the runs so far took under a minute: `timed_runs_ms`); seqlm-kn5-b32-batch1 takes
-seqlm-kn5-b32's. `differs_from_pyctcdecode`: transcripts unlike pyctcdecode's at the same beam. One thread.
+seqlm-kn5-b32's. --device (default auto: a GPU where there is one) is where seqlm's rows decode (the tensor
+search, on a GPU); there they are named NAME-cuda, e.g. `--device cuda --rows seqlm-kn5-b32,seqlm-lstm+kn5-b32`.
+`differs_from_pyctcdecode`: transcripts unlike pyctcdecode's at the same beam. One thread.
 Writes bench/results/decode.json and decode.png (WER against ms per utterance).
 """
 
@@ -52,6 +54,7 @@ import seqlm
 from seqlm.cli import main as seqlm_main
 from seqlm.decode import CTCDecoder, DecodeConfig, resolve
 from seqlm.decode.tune import edits
+from seqlm.train.loop import resolve_device
 
 from common import CHECKPOINTS, RESULTS, merge_rows, ptb_dir, row_parser
 
@@ -147,10 +150,10 @@ class PyCTCDecode:
 
 
 class Seqlm:
-    def __init__(self, labels, lm: Path, beam: int, batch: int, hotwords: list[str] | None):
+    def __init__(self, labels, lm: Path, beam: int, batch: int, hotwords: list[str] | None, device: torch.device):
         hot = dict.fromkeys(hotwords, HOT_WEIGHT) if hotwords else None
         self.decoder = CTCDecoder(resolve(labels), seqlm.load(lm), DecodeConfig(beam_width=beam, batch_size=batch),
-                                  hotwords=hot)
+                                  hotwords=hot, device=device)
 
     def __call__(self, mats, alpha, beta):
         self.decoder.cfg.alpha, self.decoder.cfg.beta = alpha, beta
@@ -210,7 +213,7 @@ class Flashlight:
         return " ".join("".join(" " if i == 1 else self.labels[i] for i in ids).split())
 
 
-def system(row: str, labels, models, unigrams, hotwords: list[str]):
+def system(row: str, labels, models, unigrams, hotwords: list[str], device: torch.device):
     """The decoder a row names: f(mats, alpha, beta) -> transcripts."""
     beam = int(row.split("-b")[1].split("-")[0])
     hot = hotwords if row.endswith("-hot200") else None
@@ -218,7 +221,7 @@ def system(row: str, labels, models, unigrams, hotwords: list[str]):
         return PyCTCDecode(labels, models["kn5"], unigrams, beam, hot)
     if row.startswith("seqlm"):
         model = models[row.split("-")[1]]  # seqlm-kn5-b8: kn5; seqlm-lstm+kn5-b32: lstm+kn5
-        return Seqlm(labels, model, beam, 1 if row.endswith("batch1") else 1000, hot)
+        return Seqlm(labels, model, beam, 1 if row.endswith("batch1") else 1000, hot, device)
     if row.startswith("flashlight-lexicon"):
         return Flashlight(labels, models["kn5"] / "model.arpa", beam, unigrams)
     return Flashlight(labels, models["char6"] / "model.arpa", beam, None)
@@ -322,6 +325,7 @@ def main() -> None:
     if args.plot:
         return print(plot(json.loads((RESULTS / "decode.json").read_text())["rows"]))
     torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)  # seqlm's rows decode there (the peers stay on the CPU)
     load = wait_for_quiet(args.max_load, 30)
     models = {"kn5": trained("kn5", ["--order", "5"]), "char6": trained("char6", ["--order", "6", "--unit", "char"])}
     if any("lstm" in row for row in args.rows.split(",")):
@@ -334,6 +338,7 @@ def main() -> None:
     valid = utterances("valid.txt", args.tune, labels, SEED + 1)
     recipe = {"utterances": len(test[1]), "peak": PEAK, "noise": NOISE, "seed": SEED, "labels": len(labels),
               "frames_per_char": "1 or 2, then a blank", "threads": args.threads, "load_average_1min": load,
+              "seqlm_device": str(device),
               "picked_on": {"split": "PTB valid", "utterances": len(valid[1]), "seed": SEED + 1, "by": "WER"},
               "versions": versions()}
     done: dict[str, dict] = {}
@@ -344,7 +349,7 @@ def main() -> None:
             result = {"wer": wer, "cer": cer, **runs, "hyps": hyps}
         else:  # a batch1 row decodes as its batched row does: it takes that row's alpha and beta
             batched = done.get(row.removesuffix("-batch1")) if row.endswith("-batch1") else None
-            result = measure(row, system(row, labels, models, unigrams, hotwords), valid, test, batched)
+            result = measure(row, system(row, labels, models, unigrams, hotwords, device), valid, test, batched)
             result["beam"] = int(row.split("-b")[1].split("-")[0])
             if row.startswith("seqlm"):
                 result["batch_size"] = 1 if row.endswith("-batch1") else len(test[1])
@@ -360,7 +365,8 @@ def main() -> None:
         peer = done.get(row.replace("seqlm", "pyctcdecode").removesuffix("-batch1"))
         if row.startswith("seqlm") and peer is not None:  # the same transcripts as pyctcdecode's?
             result["differs_from_pyctcdecode"] = sum(a != b for a, b in zip(result["hyps"], peer["hyps"], strict=True))
-        row_out = {"name": row, **{k: v for k, v in result.items() if k != "hyps"}, **recipe}
+        name = f"{row}-{device.type}" if row.startswith("seqlm") and device.type != "cpu" else row  # not the CPU's
+        row_out = {"name": name, **{k: v for k, v in result.items() if k != "hyps"}, **recipe}
         print({k: v for k, v in row_out.items() if k != "grid"}, flush=True)
         merge_rows("decode", [row_out], {"recipe": __doc__.split("\n\n")[1]})
     print(plot(json.loads((RESULTS / "decode.json").read_text())["rows"]))
