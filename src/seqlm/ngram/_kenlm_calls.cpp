@@ -224,8 +224,18 @@ static PyObject *on_sentence(Scorer *self, PyObject *const *args, Py_ssize_t nar
                              SentenceWalk walk) {
     Token x;
     long long eos;
-    std::vector<int64_t> ids;
-    return sentence_args(self, args, nargs, kwnames, &x, &eos, ids) < 0 ? NULL : walk(self, &x, ids, eos);
+    // one buffer for every call (the GIL is held), where an allocation a sentence was a measurable part of
+    // kenlm.Model.score's few microseconds; a call made while it is in use (a str subclass's __eq__ scoring a
+    // sentence, say) gets its own
+    static std::vector<int64_t> shared;
+    static bool busy = false;
+    std::vector<int64_t> own;
+    bool first = !busy;
+    std::vector<int64_t> &ids = first ? shared : own;
+    busy = true;
+    PyObject *out = sentence_args(self, args, nargs, kwnames, &x, &eos, ids) < 0 ? NULL : walk(self, &x, ids, eos);
+    if (first) busy = false;
+    return out;
 }
 
 PyObject *Scorer_kenlm_full_scores(Scorer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
