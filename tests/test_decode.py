@@ -180,6 +180,18 @@ def build_kn3(root):
     return root / "kn3", model, vocab, labels, [simulate(line, labels, rng, noise=1.5) for line in lines], lines
 
 
+def build_char_kn3(root):
+    """Labels of two letters and a space, a character KN3 on a tiny text of them, and 30 random utterances:
+    decoding at token level."""
+    (root / "c").mkdir()
+    (root / "c" / "train.txt").write_text("ab a\nba ab\na b\nab ba a\nb b a\nba ba\n")
+    assert main(["train", "--model", "kn", "--order", "3", "--unit", "char", "--data", str(root / "c"),
+                 "--out", str(root / "kc")]) == 0
+    rng = np.random.default_rng(6)
+    return ["<blank>", " ", "a", "b"], seqlm.load(root / "kc"), [rng.normal(0, 2, (int(rng.integers(4, 30)), 4))
+                                                              for _ in range(30)]
+
+
 def pyctcdecoder(kn3, **options):
     require_module("kenlm", "the kenlm Python module is not installed")
     pyctcdecode = require_module("pyctcdecode", "pyctcdecode is not installed (pip install -e '.[ctc]')")
@@ -357,13 +369,7 @@ def test_compacting_the_lm_pool_changes_nothing(kn3, tmp_path, monkeypatch, leve
 
     _, model, _, labels, mats, _ = kn3
     if level == "token":
-        (tmp_path / "c").mkdir()
-        (tmp_path / "c" / "train.txt").write_text("ab a\nba ab\na b\nab ba a\nb b a\nba ba\n")
-        assert main(["train", "--model", "kn", "--order", "3", "--unit", "char", "--data", str(tmp_path / "c"),
-                     "--out", str(tmp_path / "kc")]) == 0
-        labels, model = ["<blank>", " ", "a", "b"], seqlm.load(tmp_path / "kc")
-        rng = np.random.default_rng(6)
-        mats = [rng.normal(0, 2, (int(rng.integers(4, 30)), 4)) for _ in range(30)]
+        labels, model, mats = build_char_kn3(tmp_path)
     cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, batch_size=7, prune_history=False)
     calls, moved = [], []
     compact, pack = LMPool.compact, LMPool._pack

@@ -8,12 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import seqlm
-from seqlm.cli import main
 from seqlm.decode import CTCDecoder, DecodeConfig, resolve
 from seqlm.decode.compiled import extension
 from seqlm.decode.lexicon import parse_hotwords
-from test_decode import ALPHA, BETA, build_kn3
+from test_decode import ALPHA, BETA, build_char_kn3, build_kn3
 
 from conftest import require_env
 
@@ -44,13 +42,7 @@ def test_the_compiled_frame_equals_the_tensor_search(kn3, tmp_path, setup):
         rng = np.random.default_rng(5)
         mats = [rng.normal(0, 2, (int(rng.integers(4, 30)), len(names))) for _ in range(30)]
     if setup == "token-lm":
-        (tmp_path / "c").mkdir()
-        (tmp_path / "c" / "train.txt").write_text("ab a\nba ab\na b\nab ba a\nb b a\nba ba\n")
-        assert main(["train", "--model", "kn", "--order", "3", "--unit", "char", "--data", str(tmp_path / "c"),
-                     "--out", str(tmp_path / "kc")]) == 0
-        names, lm = ["<blank>", " ", "a", "b"], seqlm.load(tmp_path / "kc")
-        rng = np.random.default_rng(6)
-        mats = [rng.normal(0, 2, (int(rng.integers(4, 30)), 4)) for _ in range(30)]
+        names, lm, mats = build_char_kn3(tmp_path)
     compiled = CTCDecoder(resolve(names), lm, DecodeConfig(**cfg, batch_size=7), hotwords=hot)
     tensor = CTCDecoder(resolve(names), lm, DecodeConfig(**cfg, batch_size=7), hotwords=hot)
     assert not isinstance(compiled.search, Search)
