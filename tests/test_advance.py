@@ -208,6 +208,8 @@ def test_ngram_compiled_rows_equal_the_tensor_rows(kn_root, which):
             assert torch.equal(got, tables.distribution(tables.context_ids(window)))
     with pytest.raises(IndexError, match="past the vocabulary"):
         tables.advance(torch.full((2, N - 1), V))
+    window = windows[-N]  # int32 windows are read as int64
+    assert torch.equal(tables.advance(window.to(torch.int32)), tables.advance(window))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

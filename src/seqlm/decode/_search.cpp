@@ -196,7 +196,8 @@ struct Work {
         bool anyone = !t.bound_by_prefix || (t.word_level && t.starts[c] && t.text_len[c] == 0);
         double parents = (anyone ? everyone : prefix[k]) + sc[k * 3 + 1];
         double hot = t.hot_max;
-        if (t.bound_by_prefix) hot = t.has_hot && t.starts[c] && b[PLEN] > 0 && b[HOT] >= 0 ? t.hot_weight[b[HOT]] : 0.0;
+        if (t.bound_by_prefix)
+            hot = t.has_hot && t.starts[c] && b[PLEN] > 0 && b[HOT] >= 0 ? t.hot_weight[b[HOT]] : 0.0;
         return std::max(parents, repeat[c] + best_lm) + lp + (t.bound - 2 * t.hot_max) + hot;
     }
 };

@@ -99,8 +99,9 @@ PyObject *seqlm_dense_rows(PyObject *, PyObject *args) {
     Py_ssize_t N = PyTuple_GET_SIZE(orders);
     if (N < 1 || N > MAX_ORDER) { PyErr_SetString(PyExc_ValueError, "dense_rows: 1 to 64 orders"); return NULL; }
     int64_t item = io.b[1].itemsize, B = io.b[0].ndim == 2 ? io.b[0].shape[0] : 0, L = B ? io.b[0].shape[1] : 0;
-    if (io.b[1].ndim != 2 || io.b[1].shape[0] != B || L > N - 1 || (item != 4 && item != 8)) {
-        PyErr_SetString(PyExc_ValueError, "dense_rows: window (B, L <= N - 1), out (B, V) float32 or float64");
+    bool shapes = io.b[0].itemsize == 8 && io.b[1].ndim == 2 && io.b[1].shape[0] == B && L <= N - 1;
+    if (!shapes || (item != 4 && item != 8)) {
+        PyErr_SetString(PyExc_ValueError, "dense_rows: window (B, L <= N - 1) int64, out (B, V) float32 or float64");
         return NULL;
     }
     Order o[MAX_ORDER];
@@ -109,8 +110,13 @@ PyObject *seqlm_dense_rows(PyObject *, PyObject *args) {
     bool ok = true;
     for (Py_ssize_t k = 0; k < N && ok; k++) {
         PyObject *t = PyTuple_GET_ITEM(orders, k);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) { PyErr_SetString(PyExc_TypeError, "dense_rows: order"); ok = false; break; }
-        for (int i = 0; i < 4 && ok; i++) ok = PyObject_GetBuffer(PyTuple_GET_ITEM(t, i), &keep[held], PyBUF_C_CONTIGUOUS) == 0 && ++held;
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+            PyErr_SetString(PyExc_TypeError, "dense_rows: an order is a tuple (words, logp, backoff, first)");
+            ok = false;
+            break;
+        }
+        for (int i = 0; i < 4 && ok; i++)
+            ok = PyObject_GetBuffer(PyTuple_GET_ITEM(t, i), &keep[held], PyBUF_C_CONTIGUOUS) == 0 && ++held;
         if (!ok) break;
         Py_buffer *a = keep + held - 4;
         o[k].words = static_cast<const int64_t *>(a[0].buf), o[k].size = a[0].len / 8;

@@ -99,7 +99,7 @@ class NGramTensors:
         if self._compiled is None:
             return self.distribution(self.context_ids(window))
         out = torch.empty((len(window), self.V), dtype=self.logp[0].dtype)  # (B, V)
-        self._compiled.dense_rows(window.contiguous().numpy(), out.numpy(), self._orders, self.bos)
+        self._compiled.dense_rows(window.to(torch.long).contiguous().numpy(), out.numpy(), self._orders, self.bos)
         return out
 
 
