@@ -360,6 +360,27 @@ def test_bad_input_is_one_line_and_nothing_written(on_disk, capsys, tmp_path):
     assert "--refs" in refused([str(tmp / "utts"), "--labels", labels, "--tune"], capsys, out)
 
 
+def test_the_cycle_collector_is_paused_during_a_search_and_left_as_it_was(kn3, monkeypatch):
+    import gc
+
+    from seqlm.decode import decoder as decoder_module
+
+    _, model, _, labels, mats, _ = kn3
+    seen = []
+    search = decoder_module.CTCDecoder._search_batch
+    monkeypatch.setattr(decoder_module.CTCDecoder, "_search_batch",
+                        lambda self, m: seen.append(gc.isenabled()) or search(self, m))
+    decoder = CTCDecoder(resolve(labels), model, DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=4, batch_size=8))
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            decoder.decode(mats[:10])
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert seen and not any(seen)
+
+
 @pytest.mark.parametrize("level", ["word", "token"])
 def test_compacting_the_lm_pool_changes_nothing(kn3, tmp_path, monkeypatch, level):
     """The LM pool dropped and repacked every frame (decoder.py's _compact, LMPool.compact) against never:
