@@ -1,15 +1,12 @@
 // advance.py's NGramTensors.advance on the CPU in one call: each row's context ids, then its whole-vocabulary
 // distribution written straight into the output. The tensor version pays some thirty tensor operations a
 // call whatever B is, which a decoder asking for a few rows a frame feels; the rule and the order of every
-// addition are the tensor version's (tests/test_ngram_advance.py holds them equal).
+// addition are the tensor version's (tests/test_advance.py holds them equal).
 #include "_buffers.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 
 namespace {
 
@@ -30,31 +27,12 @@ int64_t child(const Order *o, int j, int64_t context, int64_t word) {
 }
 
 // The whole-vocabulary pass is most of the work: GCC vectorizes it only when asked, at -O2
+template <typename F>
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("tree-vectorize")))
 #endif
-void fill(float *out, const float *uni, float base, int64_t V) {
+void fill(F *out, const F *uni, F base, int64_t V) {
     for (int64_t v = 0; v < V; v++) out[v] = base + uni[v];
-}
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("tree-vectorize")))
-#endif
-void fill(double *out, const double *uni, double base, int64_t V) {
-    for (int64_t v = 0; v < V; v++) out[v] = base + uni[v];
-}
-
-// A large output is fresh memory, and faulting it in 4 kB pages took most of a call at B = 1024 (advance.json's
-// -thp rows: PyTorch's THP_MEM_ALLOC_ENABLE); ask for 2 MB pages on its aligned interior where Linux gives them
-// on request (transparent_hugepage = madvise). Only a hint: nothing changes where it is refused.
-void huge_pages(void *buf, int64_t bytes) {
-#ifdef __linux__
-    const uintptr_t page = uintptr_t(1) << 21;
-    uintptr_t lo = (reinterpret_cast<uintptr_t>(buf) + page - 1) & ~(page - 1);
-    uintptr_t hi = (reinterpret_cast<uintptr_t>(buf) + static_cast<uintptr_t>(bytes)) & ~(page - 1);
-    if (hi > lo) madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_HUGEPAGE);
-#else
-    (void)buf, (void)bytes;
-#endif
 }
 
 template <typename F>
@@ -135,7 +113,9 @@ PyObject *seqlm_dense_rows(PyObject *, PyObject *args) {
         if (win[i] >= V) PyErr_SetString(PyExc_IndexError, "dense_rows: a word id past the vocabulary"), ok = false;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        huge_pages(io.b[1].buf, io.b[1].len);
+        // a large output is fresh memory: its 4 kB page faults took most of a call at B = 1024 (advance.json's
+        // -thp rows, PyTorch's THP_MEM_ALLOC_ENABLE)
+        advise_huge_pages(io.b[1].buf, static_cast<size_t>(io.b[1].len));
         if (item == 4) rows(o, win, B, L, V, bos, static_cast<float *>(io.b[1].buf));
         else rows(o, win, B, L, V, bos, static_cast<double *>(io.b[1].buf));
         Py_END_ALLOW_THREADS

@@ -6,7 +6,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+
+#include "_buffers.h"
 
 #define MAX_ORDERS 63  // orders above the unigrams (NGramModel allows N <= 64)
 #define LANES 16       // sentences `stream` walks side by side, so that their cache misses overlap
@@ -43,9 +44,7 @@ static inline void *table_alloc(size_t bytes) {
     size_t size = (bytes + huge - 1) / huge * huge;
     void *p = NULL;
     if (posix_memalign(&p, huge, size) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    madvise(p, size, MADV_HUGEPAGE);  // advice only: without THP the pages are small, nothing else changes
-#endif
+    advise_huge_pages(p, size);
     return p;
 }
 
