@@ -245,11 +245,13 @@ def timed(decode) -> tuple[list[str], dict]:
     """The transcripts of decode() and its time: the best of up to TIMED_RUNS runs, another run made only while
     the runs so far took under TIMED_SECONDS (a run of a second or two is at the mercy of the moment; one of a
     minute is not); every run's ms per utterance is kept."""
-    hyps, ms = None, []
-    while len(ms) < TIMED_RUNS and sum(ms) * len(hyps or [0]) / 1000 < TIMED_SECONDS:
+    hyps, ms, spent = None, [], 0.0
+    while len(ms) < TIMED_RUNS and spent < TIMED_SECONDS:
         start = time.perf_counter()
         again = decode()
-        ms.append(1000 * (time.perf_counter() - start) / len(again))
+        seconds = time.perf_counter() - start
+        spent += seconds
+        ms.append(1000 * seconds / len(again))
         assert hyps is None or again == hyps, "a decoder gave other transcripts on a second run"
         hyps = again
     return hyps, {"ms_per_utterance": min(ms), "timed_runs_ms": ms}
