@@ -8,6 +8,8 @@ and the diversity of sampled-c(s) + beam decoding against plain sampling.
     python bench/dae.py --rows code-usage --threads 1       # distinct symbols / constant bits of the trained codes
     python bench/dae.py --rows noise-0-3ep-fixedpos-balance,noise-1.5-3ep-fixedpos-balance --threads 1
     python bench/dae.py --rows word-baseline-20ep,word-semhash-20ep --threads 1   # ~2 hours: 10 epochs, then 20
+    python bench/dae.py --rows word-baseline-30ep --threads 1 &   # ~2 hours each, side by side: 10, 20, then 30
+    python bench/dae.py --rows word-semhash-30ep --threads 1
 
 Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
 trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
@@ -93,7 +95,10 @@ CONTINUED = {"char-baseline-6ep-fixedpos": ("char-baseline-3ep-fixedpos", 6, 25)
              "char-semhash-12ep-fixedpos-balance": ("char-semhash-6ep-fixedpos-balance", 12, 45),
              # word level, still climbing at 10 epochs (issue 44 item 1): the 10-epoch pair continued to 20
              "word-baseline-20ep": ("word-baseline-10ep", 20, 60),
-             "word-semhash-20ep": ("word-semhash-10ep", 20, 60)}
+             "word-semhash-20ep": ("word-semhash-10ep", 20, 60),
+             # and still climbing at 20 (31.7%): both continued to 30
+             "word-baseline-30ep": ("word-baseline-20ep", 30, 60),
+             "word-semhash-30ep": ("word-semhash-20ep", 30, 60)}
 for _name, (_src, _epochs, _minutes) in CONTINUED.items():
     ROWS[_name] = [*ROWS[_src], "--max-epochs", str(_epochs), "--max-minutes", str(_minutes)]
 
@@ -114,7 +119,7 @@ ROWS["synthetic-semhash-big"] = BIG
 
 def _baseline(name: str) -> str:
     # a variant's baseline ran the same recipe
-    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-15m", "-10ep", "-20ep"):
+    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-15m", "-10ep", "-20ep", "-30ep"):
         if tag in name:
             return ("word" if name.startswith("word") else "char") + "-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
@@ -305,7 +310,7 @@ def run_diversity(args: argparse.Namespace, name: str = "diversity", n: int = 12
 
 
 EPOCH_CURVES = {  # DSAE against epochs: rows of one recipe trained longer (CONTINUED chains), per unit
-    "word": ["word-semhash-10ep", "word-semhash-20ep"],
+    "word": ["word-semhash-10ep", "word-semhash-20ep", "word-semhash-30ep"],
     "char": ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance",
              "char-semhash-12ep-fixedpos-balance"],
 }
