@@ -206,8 +206,14 @@ def test_ngram_compiled_rows_equal_the_tensor_rows(kn_root, which):
             got = tables.advance(window)
             assert got.dtype == dtype
             assert torch.equal(got, tables.distribution(tables.context_ids(window)))
+            words = torch.randint(0, V, (len(window),))  # (B,) one word a row: the same entries, looked up
+            assert torch.equal(tables.targets(window, words), got[torch.arange(len(window)), words])
+            every = torch.arange(V).repeat(2)  # each word of the vocabulary (<s> too) after the first two rows
+            assert torch.equal(tables.targets(window[:2].repeat_interleave(V, 0), every), got[:2].reshape(-1))
     with pytest.raises(IndexError, match="past the vocabulary"):
         tables.advance(torch.full((2, N - 1), V))
+    with pytest.raises(IndexError, match="past the vocabulary"):
+        tables.targets(windows[0][:1], torch.tensor([V]))
     window = windows[-N]  # int32 windows are read as int64
     assert torch.equal(tables.advance(window.to(torch.int32)), tables.advance(window))
 
@@ -330,6 +336,27 @@ def test_mixture_advance_mixes_its_components_by_hand(kn_root):
             np.testing.assert_allclose(row[[mix.vocab.stoi[w] for w in words]], want, atol=1e-5)
             assert row[mix.vocab.bos_id] == -np.inf
     assert all(c is None for c in prefixes.cache[::2]) and prefixes.cache[1] is not None  # lazy where it can be
+
+
+@torch.no_grad()
+def test_a_mixture_of_ngrams_looks_its_targets_up(kn_root, monkeypatch):
+    """Two n-gram models mixed: sparse_targets, and advance_targets is advance's entries without any table."""
+    root = kn_root / "mix-sparse"
+    root.mkdir()
+    arpas = [train_arpa(root, 3, []), train_arpa(root, 4, ["--prune", "0 1 1"])]
+    kns = [NGramModel.from_arpa(a) for a in arpas]
+    mix = MixtureModel(kns, [0.7, 0.3], [root / "a", root / "b"])
+    assert mix.capabilities().sparse_targets
+    rng = random.Random(4)
+    choose = follower(read_arpa_dict(arpas[0]), mix.vocab, rng)
+    V = len(mix.vocab)
+    for prefixes, _ in walk(mix, begin(mix, 4), [[]] * 4, 4, rng, choose):
+        table = mix.advance(prefixes)  # (4, V)
+        rows, targets = torch.arange(4).repeat_interleave(V), torch.arange(V).repeat(4)
+        with monkeypatch.context() as m:
+            m.setattr(NGramModel, "advance", lambda *a: pytest.fail("advance_targets computed a table"))
+            got = mix.advance_targets(prefixes, rows, targets)
+        torch.testing.assert_close(got, table[rows, targets], rtol=0, atol=1e-12)
 
 
 def test_advance_before_any_token_is_refused():

@@ -344,6 +344,30 @@ def test_a_declared_finite_context_or_window_bounds_what_the_model_reads(zoo, na
 
 
 @pytest.mark.parametrize("name", ORDINARY)
+def test_advance_targets_are_advances_entries_and_sparse_ones_read_no_table(zoo, name, monkeypatch):
+    """advance_targets(prefixes, rows, targets) is advance(prefixes)[rows, targets]; a model declaring
+    sparse_targets answers without computing the (B, V) table."""
+    from seqlm.protocol import begin
+
+    model = zoo.model(name)
+    rng = random.Random(2)
+    ids = [model.vocab.id(w) for w in WORDS[:6]]
+    with torch.no_grad():
+        prefixes = begin(model, 3)
+        for _ in range(3):
+            tokens = torch.tensor([rng.choice(ids) for _ in range(3)])
+            prefixes = model.extend(prefixes, torch.tensor([2, 0, 1]), tokens)
+        rows = torch.tensor([2, 0, 0, 1, 1, 2])
+        targets = torch.tensor([*ids[:4], model.vocab.eos_id, model.vocab.bos_id])
+        want = model.advance(prefixes)[rows, targets]
+        if model.capabilities().sparse_targets:
+            monkeypatch.setattr(type(model), "advance", lambda *a: pytest.fail("a sparse model computed the table"))
+        got = model.advance_targets(prefixes, rows, targets)
+    assert got.shape == (6,)
+    torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ORDINARY)
 def test_declared_stream_and_dynamic_capabilities_match_the_commands(zoo, name, capsys):
     model, d, text = zoo.model(name), str(zoo.dir(name)), str(zoo.text)
     caps = model.capabilities()

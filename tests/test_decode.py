@@ -417,6 +417,38 @@ def test_compacting_the_lm_pool_changes_nothing(kn3, tmp_path, monkeypatch, leve
         np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], atol=1e-12)
 
 
+def test_a_sparse_pool_scores_what_the_pools_rows_score(kn3, monkeypatch):
+    """Word level with an n-gram (sparse_targets): the pool keeps states only and asks advance_targets for the words
+    the beams end, never a row of the table; the same decode with the pool keeping whole rows (the model's
+    declaration turned off) gives the same n-best and scores, compacted often in both."""
+    from dataclasses import replace
+
+    from seqlm.decode import decoder as decoder_module
+
+    _, model, _, labels, mats, _ = kn3
+    assert model.capabilities().sparse_targets
+    cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, batch_size=7, prune_history=False)
+    monkeypatch.setattr(decoder_module, "POOL_SLACK", 0)
+    tables, advance = [], type(model).advance
+
+    def counted(self, prefixes):
+        tables.append(len(prefixes.state))
+        return advance(self, prefixes)
+
+    monkeypatch.setattr(type(model), "advance", counted)
+    sparse = CTCDecoder(resolve(labels), model, cfg).decode(mats)
+    assert not tables
+    caps = model.capabilities()
+    monkeypatch.setattr(type(model), "capabilities", lambda self: replace(caps, sparse_targets=False))
+    rows = CTCDecoder(resolve(labels), model, cfg).decode(mats)
+    assert sum(tables) > 10
+    for a, b in zip(sparse, rows, strict=True):
+        assert [h.text for h in a] == [h.text for h in b]
+        assert [h.labels for h in a] == [h.labels for h in b]
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-12)
+        np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], atol=1e-12)
+
+
 @pytest.mark.parametrize("setup", ["word-lm", "pieces", "hotwords", "heavy-hotwords"])
 def test_leaving_out_labels_by_their_score_bound_changes_nothing(kn3, monkeypatch, setup):
     """The search skips candidates whose best reachable score is below what is sure to be pruned

@@ -27,13 +27,16 @@ def kn3(tmp_path_factory):
     return build_kn3(tmp_path_factory.mktemp("kn3"))
 
 
-@pytest.mark.parametrize("setup", ["word-lm", "word-lm-history", "hotwords-lm", "pieces", "token-lm", "no-lm"])
+@pytest.mark.parametrize("setup", ["word-lm", "word-lm-history", "hotwords-lm", "pieces", "token-lm", "no-lm",
+                                   "best-label-only"])
 def test_the_compiled_frame_equals_the_tensor_search(kn3, tmp_path, setup):
     """seqlm.decode.compiled (_search.cpp) is the twin of seqlm.decode.search: the same n-best, the same scores."""
     from seqlm.decode.search import Search
 
     _, model, _, labels, mats, _ = kn3
     cfg = dict(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, prune_history=setup == "word-lm-history")
+    if setup == "best-label-only":  # no label reaches ln p 0: each frame tries its best label alone, a space too
+        cfg["token_min_logp"] = 0.0
     lm, hot, names = model, None, labels
     if setup == "hotwords-lm":
         hot = parse_hotwords([], ["cat", "mat", "the"], 3.0)

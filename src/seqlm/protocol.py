@@ -108,6 +108,11 @@ class LanguageModel(Protocol):
         prefix b's last token."""
         ...
 
+    def advance_targets(self, prefixes: Prefixes, rows: Tensor, targets: Tensor) -> Tensor:
+        """(N,) `advance(prefixes)[rows, targets]`: ln p of targets[i] after prefix rows[i] (a decoder scoring
+        the word a beam ends). Without the (B, V) table where the model declares `sparse_targets`."""
+        ...
+
     def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
         """R prefixes: prefix rows[i] followed by tokens[i] (rows, tokens (R,); a row may repeat). Their
         state is `step(tokens, select_state(prefixes.state, rows))[1]`; a model that computes the
@@ -245,6 +250,9 @@ class Capabilities:
     dynamic: bool = False  # has weights that dynamic evaluation may update (`eval --dynamic-lr`)
     quantizable: bool = False  # has Linear/LSTM layers that `seqlm quantize` can make int8
     peeks: bool = False  # reads the scored sentence itself (a dae model's c(s)): not a plain LM figure
+    # `advance_targets` looks up the tokens asked for (an n-gram's lookups) at a fraction of `advance`'s (B, V)
+    # table: a decoder asks it for the words its beams end instead of keeping whole rows
+    sparse_targets: bool = False
 
 
 class LMBase:
@@ -291,6 +299,11 @@ class LMBase:
         if prefixes.cache is None:
             raise SeqlmError("advance: these prefixes have read no token yet; start from protocol.begin(model, B)")
         return prefixes.cache
+
+    def advance_targets(self, prefixes: Prefixes, rows: Tensor, targets: Tensor) -> Tensor:
+        """Gathered from `advance`'s whole table (a model that declares sparse_targets looks them up)."""
+        logp = self.advance(prefixes)  # (B, V)
+        return logp[rows.to(logp.device), targets.to(logp.device)]  # (N,)
 
     def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
         """One batched `step` of the R rows chosen."""

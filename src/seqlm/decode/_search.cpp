@@ -26,7 +26,7 @@ struct Group {
 };
 
 // search.py's expand, word_scores and partial_scores for one candidate
-void expand(const Tables &t, const double *sc, const int64_t *in, double lp, Cand &e) {
+void expand(const Tables &t, const double *sc, const int64_t *in, int64_t k, double lp, Cand &e) {
     int64_t c = e.c;
     e.fresh = c != t.blank && c != in[LAST];
     bool starting = t.starts[c] != 0, starts = starting && e.fresh, grows = e.fresh && !starting;
@@ -64,7 +64,8 @@ void expand(const Tables &t, const double *sc, const int64_t *in, double lp, Can
         } else {
             e.token = t.tokens[c];
         }
-        add += t.alpha * (t.lnp(in[ROW], e.token) + unknown * (t.unk_offset * LN10)) + t.beta;
+        double lnp = t.word_level && t.word_lnp ? t.word_lnp[k] : t.lnp(in[ROW], e.token);
+        add += t.alpha * (lnp + unknown * (t.unk_offset * LN10)) + t.beta;
     }
     e.lm = sc[1] + add;
     double partial = 0.0;  // partial_scores
@@ -114,7 +115,7 @@ struct Work {
         cand.emplace_back();
         Cand &e = cand.back();
         e.k = k, e.c = c;
-        expand(t, sc + k * 3, in + k * t.W, lp[c], e);
+        expand(t, sc + k * 3, in + k * t.W, k, lp[c], e);
         e.group = group_of(e, cand.size() - 1);
         Group &g = groups[e.group];
         g.top = std::max(g.top, e.x);
@@ -294,19 +295,20 @@ void utterance(const Tables &t, Work &w, const double *sc, const int64_t *in, co
 }
 
 // frame(ints, floats, arrays, scores (U, K, 3), beam ints (U, K, W), lp (A, L), dist or None, slot or None,
-//       out scores (A, K, 3), out ints (A, K, W), parent (A, K), label (A, K), pend (A, K, 2)); dist and slot:
-//       the LM pool's, every row a beam may score from read (seqlm.decode.lmpool)
+//       word_lnp (A, K) or None, out scores (A, K, 3), out ints (A, K, W), parent (A, K), label (A, K),
+//       pend (A, K, 2)); dist and slot: the LM pool's, every row a beam may score from read; word_lnp: a sparse
+//       pool's scores of the words the beams would end (seqlm.decode.lmpool)
 PyObject *frame(PyObject *, PyObject *args) {
-    PyObject *ints, *floats, *arrays, *o[10];
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOOOOOO", &PyTuple_Type, &ints, &PyTuple_Type, &floats, &PyTuple_Type,
-                          &arrays, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9]))
+    PyObject *ints, *floats, *arrays, *o[11];
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOOOOOOO", &PyTuple_Type, &ints, &PyTuple_Type, &floats, &PyTuple_Type,
+                          &arrays, &o[0], &o[1], &o[2], &o[3], &o[4], &o[10], &o[5], &o[6], &o[7], &o[8], &o[9]))
         return NULL;
     Tables t;
     std::deque<View> keep;  // a deque: a View never moves once it holds a buffer
     if (!read_tables(ints, floats, arrays, t, keep)) return NULL;
-    View b[10];
-    for (int i = 0; i < 10; i++)
-        if (!((i == 3 || i == 4) && o[i] == Py_None) && !b[i].get(o[i], i >= 5)) return NULL;
+    View b[11];  // 10: word_lnp, parsed before the outputs
+    for (int i = 0; i < 11; i++)
+        if (!((i == 3 || i == 4 || i == 10) && o[i] == Py_None) && !b[i].get(o[i], i >= 5 && i < 10)) return NULL;
     if (o[3] != Py_None) {
         if (b[3].b.itemsize == 4) t.dist32 = b[3].at<float>();
         else t.dist64 = b[3].at<double>();
@@ -315,6 +317,7 @@ PyObject *frame(PyObject *, PyObject *args) {
     int64_t A = b[2].count() / t.L, K = t.K, W = t.W;
     static Work work;
     for (int64_t u = 0; u < A; u++) {
+        t.word_lnp = o[10] == Py_None ? nullptr : b[10].at<double>() + u * K;
         utterance(t, work, b[0].at<double>() + u * K * 3, b[1].at<int64_t>() + u * K * W, b[2].at<double>() + u * t.L,
                   b[5].at<double>() + u * K * 3, b[6].at<int64_t>() + u * K * W, b[7].at<int64_t>() + u * K,
                   b[8].at<int64_t>() + u * K, b[9].at<int64_t>() + u * K * 2);

@@ -64,9 +64,10 @@ struct Tables {
     const int64_t *word, *unigram, *prefix;  // lexicon.py's Lexicon, per node
     const double *hot_weight, *hot_min_len, *hot_min_weight;  // lexicon.py's Hotwords, per node
     // token level: the LM pool's distributions (rows, V), float32 or float64, and its row -> distribution row;
-    // word level: (A, K) ln p of each beam's partial word as its next word (what a space would score)
+    // word level from a sparse pool: (K,) this utterance's ln p of each beam's partial word as its next word (what a
+    // space would score), else the pool's rows as at token level
     const float *dist32 = nullptr;
-    const double *dist64 = nullptr;
+    const double *dist64 = nullptr, *word_lnp = nullptr;
     const int64_t *slot = nullptr;
 
     int64_t hash(int64_t h, int64_t c, const int64_t *codes, int64_t width) const {

@@ -58,6 +58,7 @@ class CompiledSearch:
     def __init__(self, tables, ext):
         self.t, self.ext = tables, ext
         t, lex, hot = tables, tables.lexicon, tables.hotwords
+        self.ending = t.starts.nonzero().squeeze(1)  # (S,) the labels that end a word at word level
         self.arrays = (_ints(t.starts), _ints(t.text_len), _ints(t.part_hash.codes), _ints(t.key_hash.codes),
                        _ints(t.tokens), _ints(lex.word if lex else None), _ints(lex.unigram if lex else None),
                        _ints(lex.prefix if lex else None), _floats(hot.weight if hot else None),
@@ -68,17 +69,22 @@ class CompiledSearch:
     def frame(self, b: Beams, lp: Tensor, active: int) -> tuple[Beams, Tensor, Tensor]:
         """As seqlm.decode.search.Search.frame."""
         t, K = self.t, self.t.cfg.beam_width
-        pool, dist, slot = t.pool, None, None
-        if pool is not None:  # the rows a beam may score from in this frame, read first: at word level, those
-            scores = b.alive[:active] & (b.plen[:active] > 0) if t.word_level else b.alive[:active]  # with a word
-            pool.read_rows(b.row[:active][scores])
-            dist, slot = pool.dist.numpy(), pool.slot.numpy()
+        pool, dist, slot, word_lnp = t.pool, None, None, None
+        if pool is not None:  # the beams that may score a token in this frame (at word level: end a word)
+            need = b.alive[:active]  # (A, K)
+            if t.word_level:
+                need = need & (b.plen[:active] > 0) & self.may_end(lp).unsqueeze(1)
+            if pool.sparse:  # what each of their partial words scores if it ends
+                word_lnp = self.word_lnp(b, active, need).numpy()
+            else:  # their rows, read first
+                pool.read_rows(b.row[:active][need])
+                dist, slot = pool.dist.numpy(), pool.slot.numpy()
         out = Beams(torch.empty((active, K, 3), dtype=torch.float64), torch.empty((active, K, b.ints.shape[-1]),
                                                                                   dtype=torch.long))
         parent, label = torch.empty((active, K), dtype=torch.long), torch.empty((active, K), dtype=torch.long)
         pend = torch.empty((active, K, 2), dtype=torch.long)  # (LM row, token) a kept beam reads; -1: none
         self.ext.frame(self._ints(), self._floats(), self.arrays, b.scores.numpy(), b.ints.numpy(),
-                       lp.contiguous().numpy(), dist, slot, out.scores.numpy(), out.ints.numpy(),
+                       lp.contiguous().numpy(), dist, slot, word_lnp, out.scores.numpy(), out.ints.numpy(),
                        parent.numpy(), label.numpy(), pend.numpy())
         if pool is not None:
             pend = pend.view(-1, 2)
@@ -87,6 +93,23 @@ class CompiledSearch:
                 out.ints.view(-1, len(COLUMNS) + t.history)[i, ROW] = pool.add_pairs(pend[i, 0], pend[i, 1])
         b.scores[:active], b.ints[:active] = out.scores, out.ints
         return b, parent, label
+
+    def may_end(self, lp: Tensor) -> Tensor:
+        """(A,) whether a label that ends a word (a space, a ▁ piece) is tried in the frame lp (A, L): one above
+        token_min_logp or the best (_search.cpp's prepare); in most frames of most utterances none is, and then no
+        beam reads the LM."""
+        t = self.t
+        tried = lp[:, self.ending] >= t.cfg.token_min_logp  # (A, S)
+        return tried.any(1) | t.starts.index_select(0, lp.argmax(1))
+
+    def word_lnp(self, b: Beams, active: int, need: Tensor) -> Tensor:
+        """(A, K) float64 ln p(partial word | history) of the beams `need` (A, K) (<unk> for a word the LM does not
+        spell: decoder.py's lm_events), 0 elsewhere: one `advance_targets` for all (a sparse pool)."""
+        t = self.t
+        out = torch.zeros((active, t.cfg.beam_width), dtype=torch.float64)
+        if need.any():
+            out[need] = t.pool.logp(b.row[:active][need], t.word_tokens(b.node[:active][need]))
+        return out
 
     def _ints(self) -> tuple:
         t = self.t

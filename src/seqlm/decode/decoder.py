@@ -121,8 +121,8 @@ class Tables:
         return math.log(2) + (max(cfg.beta, 0.0) if lm is not None else 0.0) + 2 * self.hot_max
 
     def new_pool(self) -> None:
-        if self.lm is not None:
-            self.pool = LMPool(self.lm, self.device)
+        if self.lm is not None:  # sparse: scored word by word by lookups (the word a beam ends, not a table row)
+            self.pool = LMPool(self.lm, self.device, sparse=self.word_level and self.lm.capabilities().sparse_targets)
 
     def lm_events(self, old: Beams, c: Tensor, moves: Moves) -> tuple[Tensor, Tensor, Tensor]:
         """Which beams (E,) read an LM token with label c (E,), the token, and 1.0 where it is no unigram."""

@@ -5,7 +5,9 @@ distribution of what comes next.
 A new row is only (parent row, token) until a word ends after it: most beams die before that, and their rows
 never cost an LM call. Then every row asked for in one frame is read with one `extend` from the parents' states
 and one `advance` (seqlm.protocol), whatever its utterance. A row's parent is read before the row is made (its
-word was scored from it), so one step always suffices. Rows no beam needs any more are dropped now and then
+word was scored from it), so one step always suffices. A `sparse` pool (a model that declares sparse_targets,
+scored word by word) keeps only the states and asks `advance_targets` for the (row, token) pairs scored: an
+n-gram's lookups, where a row of the table is the whole vocabulary. Rows no beam needs any more are dropped now and then
 (`compact`), so the pool holds at most about twice the rows the beams read.
 """
 
@@ -14,17 +16,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqlm.protocol import LanguageModel, Prefixes, begin, cat_states, select_state
+from seqlm.protocol import LanguageModel, Prefixes, begin, cat_states, model_device, select_state
 
 
 class LMPool:
-    def __init__(self, model: LanguageModel, device: torch.device):
-        self.model, self.device = model, device  # `device`: where the decoder's tensors are
+    def __init__(self, model: LanguageModel, device: torch.device, sparse: bool = False):
+        self.model, self.device, self.sparse = model, device, sparse  # `device`: where the decoder's tensors are
         root = begin(model, 1)
         self.state = root.state  # the states of the rows read, in `slot` order
-        first = model.advance(root)  # (1, V) on the model's device
-        self.dist = first.new_empty((64, first.shape[1]))  # (capacity, V) the rows read; past `read`: free
-        self.dist[:1] = first
+        self.dist = None  # (capacity, V) the rows read, past `read` free; None when sparse
+        if not sparse:
+            first = model.advance(root)  # (1, V) on the model's device
+            self.dist = first.new_empty((64, first.shape[1]))
+            self.dist[:1] = first
         self.read = 1
         long = lambda fill: torch.full((64,), fill, dtype=torch.long, device=device)  # noqa: E731
         self.parent, self.token, self.slot = long(-1), long(-1), long(-1)  # (capacity,) per row; slot -1: unread
@@ -35,6 +39,9 @@ class LMPool:
     def logp(self, rows: Tensor, tokens: Tensor) -> Tensor:
         """(R,) float64 ln p(tokens[i] | history of rows[i]), on the decoder's device."""
         self.read_rows(rows)
+        if self.sparse:
+            lnp = self.model.advance_targets(Prefixes(self.state), self.slot[rows], tokens)  # (R,)
+            return lnp.to(self.device, torch.float64)
         at = self.dist.device
         return self.dist[self.slot[rows].to(at), tokens.to(at)].to(self.device, torch.float64)
 
@@ -55,21 +62,25 @@ class LMPool:
         return self.add(pairs // V, pairs % V)[inverse]
 
     def read_rows(self, rows: Tensor) -> None:
-        """Read the unread rows among `rows`: one extend from their parents' states, one advance."""
+        """Read the unread rows among `rows`: one extend from their parents' states, one advance (not when sparse)."""
         todo = torch.unique(rows[self.slot[rows] < 0])
         if len(todo) == 0:
             return
-        at = self.dist.device
+        at = model_device(self.model)
         read = self.model.extend(Prefixes(self.state), self.slot[self.parent[todo]].to(at), self.token[todo].to(at))
-        dist = self.model.advance(read)  # (N, V)
+        if not self.sparse:
+            self._keep(self.model.advance(read))  # (N, V)
+        self.state = cat_states(self.model, [self.state, read.state])
+        self.slot[todo] = torch.arange(self.read, self.read + len(todo), device=self.device)
+        self.read += len(todo)
+
+    def _keep(self, dist: Tensor) -> None:
+        """Rows (N, V) stored after those read."""
         if self.read + len(dist) > len(self.dist):
             bigger = self.dist.new_empty((2 * (self.read + len(dist)), self.dist.shape[1]))
             bigger[: self.read] = self.dist[: self.read]
             self.dist = bigger
         self.dist[self.read : self.read + len(dist)] = dist
-        self.state = cat_states(self.model, [self.state, read.state])
-        self.slot[todo] = torch.arange(self.read, self.read + len(todo), device=self.device)
-        self.read += len(todo)
 
     def compact(self, live: Tensor) -> Tensor:
         """Keep rows `live` (unique) and the parents of the unread ones; (size,) each old row's new index (-1:
@@ -91,14 +102,15 @@ class LMPool:
         """Move the read rows in slots `old` (N,) (unique) to slots 0..N-1 and return each one's new slot. A row
         already below N stays; only those above move, into the slots below N that no kept row holds (rows as
         wide as the vocabulary: copying them is most of a compaction's cost). The buffer keeps its size."""
-        at, n = self.dist.device, len(old)
+        at, n = model_device(self.model), len(old)
         old = old.to(at)
         stays = old < n
         free = torch.ones(n, dtype=torch.bool, device=at)
         free[old[stays]] = False
         free = free.nonzero().squeeze(1)  # (M,) as many as the rows above N
         movers = old[~stays]  # (M,)
-        self.dist.index_copy_(0, free, self.dist.index_select(0, movers))  # sources >= N > targets: no overlap
+        if self.dist is not None:  # sources >= N > targets: no overlap
+            self.dist.index_copy_(0, free, self.dist.index_select(0, movers))
         order = torch.arange(n, device=at)
         order[free] = movers  # (N,) the old slot of each new one
         self.state = select_state(self.model, self.state, order)

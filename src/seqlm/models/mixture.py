@@ -158,7 +158,8 @@ class MixtureModel(LMBase):
         orders = [p.context_order for p in parts]
         return Capabilities(stream=any(self._streams(i) for i in range(len(parts))),
                             context_order=None if None in orders else max(orders),
-                            dynamic=any(p.dynamic for p in parts), peeks=any(p.peeks for p in parts))
+                            dynamic=any(p.dynamic for p in parts), peeks=any(p.peeks for p in parts),
+                            sparse_targets=all(p.sparse_targets for p in parts))
 
     def text_spec(self) -> TextSpec:
         return self.components[0].text_spec()  # check_same_text made them agree; the vocabulary is its
@@ -244,6 +245,21 @@ class MixtureModel(LMBase):
             mixed = dist if mixed is None else torch.logaddexp(mixed, dist, out=mixed)  # (B, V)
         if self.vocab.bos_id != self.vocab.eos_id:
             mixed[:, self.vocab.bos_id] = -torch.inf  # <s> is context only, never predicted
+        return mixed
+
+    @torch.no_grad()
+    def advance_targets(self, prefixes: Prefixes, rows: Tensor, targets: Tensor) -> Tensor:
+        """(N,) advance's entries, mixed from each component's own (in its ids), by the same sums."""
+        states, fresh = prefixes.state
+        caches = prefixes.cache or [None] * len(self.components)
+        dev = fresh.device
+        log_weights, mixed = self._log_weights(dev), None
+        for i, (comp, s, c) in enumerate(zip(self.components, states, caches, strict=True)):
+            ids = self.tables[i].to(targets.device)[targets]  # (N,) in its ids
+            lnp = comp.advance_targets(Prefixes(s, c), rows, ids).to(dev, torch.float64) + log_weights[i]  # (N,)
+            mixed = lnp if mixed is None else torch.logaddexp(mixed, lnp)
+        if self.vocab.bos_id != self.vocab.eos_id:
+            mixed = mixed.masked_fill(targets.to(dev) == self.vocab.bos_id, -torch.inf)
         return mixed
 
     def component_logp(self, stream: TokenStream, stream_mode: bool, max_tokens: int,

@@ -35,23 +35,29 @@ void fill(F *out, const F *uni, F base, int64_t V) {
     for (int64_t v = 0; v < V; v++) out[v] = base + uni[v];
 }
 
+// A row's context: ctx[k] the id at order k + 1 of its last k + 1 words (-1: none), and tail[k] the back-offs
+// of the contexts of order > k (cumsum in double, as torch)
+template <typename F>
+void context(const Order *o, const int64_t *w, int64_t L, int64_t *ctx, F *tail) {
+    for (int64_t k = 0; k < L; k++) {
+        int64_t id = w[L - 1 - k];  // a word is its own id at order 1
+        for (int64_t j = 1; j <= k; j++) id = child(o, static_cast<int>(j), id, w[L - 1 - k + j]);
+        ctx[k] = id;
+    }
+    double sum = 0.0;
+    tail[L] = 0;
+    for (int64_t k = L - 1; k >= 0; k--) {
+        if (ctx[k] >= 0 && o[k].backoffs) sum += static_cast<const F *>(o[k].backoff)[ctx[k]];
+        tail[k] = static_cast<F>(sum);
+    }
+}
+
 template <typename F>
 void rows(const Order *o, const int64_t *window, int64_t B, int64_t L, int64_t V, int64_t bos, F *out) {
     for (int64_t b = 0; b < B; b++, out += V) {
-        const int64_t *w = window + b * L;
-        int64_t ctx[MAX_ORDER];  // ctx[k]: the id at order k + 1 of the row's last k + 1 words (-1: none)
-        for (int64_t k = 0; k < L; k++) {
-            int64_t id = w[L - 1 - k];  // a word is its own id at order 1
-            for (int64_t j = 1; j <= k; j++) id = child(o, static_cast<int>(j), id, w[L - 1 - k + j]);
-            ctx[k] = id;
-        }
-        F tail[MAX_ORDER + 1];  // tail[k]: back-offs of the contexts of order > k (cumsum in double, as torch)
-        double sum = 0.0;
-        tail[L] = 0;
-        for (int64_t k = L - 1; k >= 0; k--) {
-            if (ctx[k] >= 0 && o[k].backoffs) sum += static_cast<const F *>(o[k].backoff)[ctx[k]];
-            tail[k] = static_cast<F>(sum);
-        }
+        int64_t ctx[MAX_ORDER];
+        F tail[MAX_ORDER + 1];
+        context(o, window + b * L, L, ctx, tail);
         const F *uni = static_cast<const F *>(o[0].logp);
         fill(out, uni, tail[0], V);
         for (int64_t k = 1; k <= L; k++) {  // the n-grams of order k + 1 continuing the order-k context
@@ -64,6 +70,72 @@ void rows(const Order *o, const int64_t *window, int64_t B, int64_t L, int64_t V
     }
 }
 
+// rows' entry of one word per row: the longest listed n-gram (context, word), which is the one that writes
+// it last in `rows`, so the same sum
+template <typename F>
+void pairs(const Order *o, const int64_t *window, const int64_t *word, int64_t B, int64_t L, int64_t bos, F *out) {
+    for (int64_t b = 0; b < B; b++) {
+        int64_t ctx[MAX_ORDER], w = word[b];
+        F tail[MAX_ORDER + 1];
+        context(o, window + b * L, L, ctx, tail);
+        out[b] = tail[0] + static_cast<const F *>(o[0].logp)[w];
+        for (int64_t k = L; k >= 1; k--) {
+            int64_t e = child(o, static_cast<int>(k), ctx[k - 1], w);
+            if (e >= 0) { out[b] = static_cast<const F *>(o[k].logp)[e] + tail[k]; break; }
+        }
+        if (w == bos) out[b] = -std::numeric_limits<F>::infinity();
+    }
+}
+
+}  // namespace
+
+namespace {
+
+// The orders' tables (a tuple of (words, logp, backoff, first) per order, logp and backoff `item` bytes a
+// number) into o, their buffers held in `keep` (released by the caller); false with an exception set.
+bool read_orders(PyObject *orders, int64_t item, Order *o, Py_buffer *keep, int &held) {
+    Py_ssize_t N = PyTuple_GET_SIZE(orders);
+    if (N < 1 || N > MAX_ORDER) { PyErr_SetString(PyExc_ValueError, "dense: 1 to 64 orders"); return false; }
+    for (Py_ssize_t k = 0; k < N; k++) {
+        PyObject *t = PyTuple_GET_ITEM(orders, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+            PyErr_SetString(PyExc_TypeError, "dense: an order is a tuple (words, logp, backoff, first)");
+            return false;
+        }
+        for (int i = 0; i < 4; i++)
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, i), &keep[held], PyBUF_C_CONTIGUOUS) != 0) return false;
+            else held++;
+        Py_buffer *a = keep + held - 4;
+        o[k].words = static_cast<const int64_t *>(a[0].buf), o[k].size = a[0].len / 8;
+        o[k].logp = a[1].buf, o[k].backoff = a[2].buf, o[k].backoffs = a[2].len / item;
+        o[k].first = static_cast<const int64_t *>(a[3].buf);
+        if (a[1].itemsize != item || a[1].len / item != o[k].size || (a[3].len != 0 && k + 1 == N)) {
+            PyErr_SetString(PyExc_ValueError, "dense: an order's tables do not match");
+            return false;
+        }
+    }
+    return true;
+}
+
+// Every id of `ids` (n,) below V, and bos a word of the vocabulary (the unigrams); false with an exception set.
+bool check_ids(const Order *o, const int64_t *ids, int64_t n, int64_t V, long long bos) {
+    if (o[0].size != V || bos < 0 || bos >= V) {
+        PyErr_SetString(PyExc_ValueError, "dense: the unigrams are not the vocabulary");
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= V) { PyErr_SetString(PyExc_IndexError, "dense: a word id past the vocabulary"); return false; }
+    return true;
+}
+
+struct Held {  // the orders' buffers, released on every way out
+    Py_buffer b[MAX_ORDER * 4];
+    int n = 0;
+    ~Held() {
+        while (n-- > 0) PyBuffer_Release(&b[n]);
+    }
+};
+
 }  // namespace
 
 // dense_rows(window (B, L) int64, out (B, V) float32/64, orders: tuple of (words, logp, backoff, first) per
@@ -74,52 +146,50 @@ PyObject *seqlm_dense_rows(PyObject *, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO!L", &window, &out, &PyTuple_Type, &orders, &bos)) return NULL;
     Buffers io;
     if (!io.get(window) || !io.get(out, true)) return NULL;
-    Py_ssize_t N = PyTuple_GET_SIZE(orders);
-    if (N < 1 || N > MAX_ORDER) { PyErr_SetString(PyExc_ValueError, "dense_rows: 1 to 64 orders"); return NULL; }
     int64_t item = io.b[1].itemsize, B = io.b[0].ndim == 2 ? io.b[0].shape[0] : 0, L = B ? io.b[0].shape[1] : 0;
-    bool shapes = io.b[0].itemsize == 8 && io.b[1].ndim == 2 && io.b[1].shape[0] == B && L <= N - 1;
+    bool shapes = io.b[0].itemsize == 8 && io.b[1].ndim == 2 && io.b[1].shape[0] == B && L < PyTuple_GET_SIZE(orders);
     if (!shapes || (item != 4 && item != 8)) {
         PyErr_SetString(PyExc_ValueError, "dense_rows: window (B, L <= N - 1) int64, out (B, V) float32 or float64");
         return NULL;
     }
     Order o[MAX_ORDER];
-    Py_buffer keep[MAX_ORDER * 4];
-    int held = 0;
-    bool ok = true;
-    for (Py_ssize_t k = 0; k < N && ok; k++) {
-        PyObject *t = PyTuple_GET_ITEM(orders, k);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
-            PyErr_SetString(PyExc_TypeError, "dense_rows: an order is a tuple (words, logp, backoff, first)");
-            ok = false;
-            break;
-        }
-        for (int i = 0; i < 4 && ok; i++)
-            ok = PyObject_GetBuffer(PyTuple_GET_ITEM(t, i), &keep[held], PyBUF_C_CONTIGUOUS) == 0 && ++held;
-        if (!ok) break;
-        Py_buffer *a = keep + held - 4;
-        o[k].words = static_cast<const int64_t *>(a[0].buf), o[k].size = a[0].len / 8;
-        o[k].logp = a[1].buf, o[k].backoff = a[2].buf, o[k].backoffs = a[2].len / item;
-        o[k].first = static_cast<const int64_t *>(a[3].buf);
-        ok = a[1].itemsize == item && a[1].len / item == o[k].size && (a[3].len == 0 || k + 1 < N);
-        if (!ok) PyErr_SetString(PyExc_ValueError, "dense_rows: an order's tables do not match");
+    Held held;
+    int64_t V = io.b[1].shape[1];
+    if (!read_orders(orders, item, o, held.b, held.n) || !check_ids(o, io.i8(0), B * L, V, bos)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    // a large output is fresh memory: its 4 kB page faults took most of a call at B = 1024 (advance.json's
+    // -thp rows, PyTorch's THP_MEM_ALLOC_ENABLE)
+    advise_huge_pages(io.b[1].buf, static_cast<size_t>(io.b[1].len));
+    if (item == 4) rows(o, io.i8(0), B, L, V, bos, static_cast<float *>(io.b[1].buf));
+    else rows(o, io.i8(0), B, L, V, bos, static_cast<double *>(io.b[1].buf));
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("");
+}
+
+// dense_pairs(window (B, L) int64, words (B,) int64, out (B,) float32/64, orders, bos): dense_rows' entry
+// out[b] = rows[b, words[b]], without the rest of the row (a decoder scoring the word a beam ends)
+PyObject *seqlm_dense_pairs(PyObject *, PyObject *args) {
+    PyObject *window, *words, *out, *orders;
+    long long bos;
+    if (!PyArg_ParseTuple(args, "OOOO!L", &window, &words, &out, &PyTuple_Type, &orders, &bos)) return NULL;
+    Buffers io;
+    if (!io.get(window) || !io.get(words) || !io.get(out, true)) return NULL;
+    int64_t item = io.b[2].itemsize, B = io.b[0].ndim == 2 ? io.b[0].shape[0] : 0, L = B ? io.b[0].shape[1] : 0;
+    bool shapes = io.b[0].itemsize == 8 && io.b[1].itemsize == 8 && io.len_i8(1) == B && io.b[2].len == B * item &&
+                  L < PyTuple_GET_SIZE(orders);
+    if (!shapes || (item != 4 && item != 8)) {
+        PyErr_SetString(PyExc_ValueError, "dense_pairs: window (B, L <= N - 1) int64, words (B,) int64, out (B,) "
+                        "float32 or float64");
+        return NULL;
     }
-    int64_t V = ok ? io.b[1].shape[1] : 0;
-    if (ok && (o[0].size != V || bos < 0 || bos >= V)) {
-        PyErr_SetString(PyExc_ValueError, "dense_rows: the unigrams are not the vocabulary");
-        ok = false;
-    }
-    const int64_t *win = io.i8(0);
-    for (int64_t i = 0; ok && i < B * L; i++)
-        if (win[i] >= V) PyErr_SetString(PyExc_IndexError, "dense_rows: a word id past the vocabulary"), ok = false;
-    if (ok) {
-        Py_BEGIN_ALLOW_THREADS
-        // a large output is fresh memory: its 4 kB page faults took most of a call at B = 1024 (advance.json's
-        // -thp rows, PyTorch's THP_MEM_ALLOC_ENABLE)
-        advise_huge_pages(io.b[1].buf, static_cast<size_t>(io.b[1].len));
-        if (item == 4) rows(o, win, B, L, V, bos, static_cast<float *>(io.b[1].buf));
-        else rows(o, win, B, L, V, bos, static_cast<double *>(io.b[1].buf));
-        Py_END_ALLOW_THREADS
-    }
-    while (held-- > 0) PyBuffer_Release(&keep[held]);
-    return ok ? Py_BuildValue("") : NULL;
+    Order o[MAX_ORDER];
+    Held held;
+    if (!read_orders(orders, item, o, held.b, held.n)) return NULL;
+    int64_t V = o[0].size;
+    if (!check_ids(o, io.i8(0), B * L, V, bos) || !check_ids(o, io.i8(1), B, V, bos)) return NULL;
+    for (int64_t b = 0; b < B; b++)
+        if (io.i8(1)[b] < 0) { PyErr_SetString(PyExc_IndexError, "dense_pairs: a negative word id"); return NULL; }
+    if (item == 4) pairs(o, io.i8(0), io.i8(1), B, L, bos, static_cast<float *>(io.b[2].buf));
+    else pairs(o, io.i8(0), io.i8(1), B, L, bos, static_cast<double *>(io.b[2].buf));
+    return Py_BuildValue("");
 }

@@ -251,6 +251,7 @@ PyObject *seqlm_float32_texts(PyObject *, PyObject *);
 PyObject *seqlm_radix_sort(PyObject *, PyObject *);
 // _dense.cpp
 PyObject *seqlm_dense_rows(PyObject *, PyObject *);
+PyObject *seqlm_dense_pairs(PyObject *, PyObject *);
 
 static PyMethodDef module_methods[] = {
     {"assemble", seqlm_assemble, METH_VARARGS, "assemble(buf, start, length) -> the pieces joined, as bytes"},
@@ -258,6 +259,7 @@ static PyMethodDef module_methods[] = {
     {"float32_texts", seqlm_float32_texts, METH_VARARGS, "float32_texts(values) -> each text and a newline"},
     {"radix_sort", seqlm_radix_sort, METH_VARARGS, "radix_sort(key, scratch, perm or None, perm scratch)"},
     {"dense_rows", seqlm_dense_rows, METH_VARARGS, "dense_rows(window, out, orders, bos): advance.py's rows"},
+    {"dense_pairs", seqlm_dense_pairs, METH_VARARGS, "dense_pairs(window, words, out, orders, bos): their entries"},
     {NULL, NULL, 0, NULL},
 };
 

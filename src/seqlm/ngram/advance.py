@@ -102,6 +102,17 @@ class NGramTensors:
         self._compiled.dense_rows(window.to(torch.long).contiguous().numpy(), out.numpy(), self._orders, self.bos)
         return out
 
+    def targets(self, window: Tensor, words: Tensor) -> Tensor:
+        """(B,) advance(window)[b, words[b]]: on the CPU one compiled lookup a row (the longest listed n-gram,
+        not the whole row), else gathered from the tensor rows."""
+        window, words = window.to(self.device, torch.long), words.to(self.device, torch.long)
+        if self._compiled is None:
+            return self.distribution(self.context_ids(window)).gather(1, words.view(-1, 1)).squeeze(1)
+        out = torch.empty(len(window), dtype=self.logp[0].dtype)  # (B,)
+        self._compiled.dense_pairs(window.contiguous().numpy(), words.contiguous().numpy(), out.numpy(),
+                                   self._orders, self.bos)
+        return out
+
 
 def shift_windows(window: Tensor, rows: Tensor, tokens: Tensor) -> Tensor:
     """The windows of rows `rows` (R,) after reading tokens (R,): the oldest word drops out."""

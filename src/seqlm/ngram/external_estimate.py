@@ -49,7 +49,7 @@ from seqlm.ngram.filearray import (
     windowed_map,
 )
 from seqlm.ngram.index import build_slots_file
-from seqlm.ngram.model import NGramModel
+from seqlm.ngram.model import NGramModel, ngram_capabilities
 from seqlm.protocol import Capabilities, LMBase
 
 
@@ -82,7 +82,7 @@ class DiskNGramModel(LMBase):
     contract of the model it holds (saved in config.json), the NGramModel's."""
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(context_order=self.order)
+        return ngram_capabilities(self.order)
 
     def __init__(self, vocab: Vocab, keys: list[Table], log10_prob: list[Table], log10_backoff: list[Table],
                  folder: Path, memory: int):

@@ -36,6 +36,11 @@ MASK64 = (1 << 64) - 1  # the hash probe multiplies modulo 2^64 (index.py)
 UNK_LOG10_PROB = -100.0  # what KenLM substitutes when an ARPA file has no <unk>
 
 
+def ngram_capabilities(order: int) -> Capabilities:
+    """A finite-context model (lattices expand exactly) whose entries are lookups (advance_targets)."""
+    return Capabilities(context_order=order, sparse_targets=True)
+
+
 class NGramModel(LMBase):
     """Back-off n-gram tables of orders 1..N over `vocab` (which contains <s>, </s> and <unk>)."""
 
@@ -84,7 +89,7 @@ class NGramModel(LMBase):
         self._tensors = {}
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(context_order=self.order)  # a finite-context model: lattices expand exactly
+        return ngram_capabilities(self.order)
 
     def describe(self) -> dict:
         sizes = self.sizes  # an n-gram model's parameters: a probability per n-gram, a backoff below order N
@@ -233,6 +238,11 @@ class NGramModel(LMBase):
         window's device (ngram/advance.py); nothing read yet: no context, as KenLM's NullContextWrite."""
         window = prefixes.state  # (B, N-1)
         return self.tensors(window.device).advance(window)
+
+    def advance_targets(self, prefixes: Prefixes, rows: Tensor, targets: Tensor) -> Tensor:
+        """(N,) advance's ln p of targets[i] after prefix rows[i], each the longest listed n-gram's lookup."""
+        window = prefixes.state.index_select(0, rows.to(prefixes.state.device))  # (N, N-1)
+        return self.tensors(window.device).targets(window, targets)
 
     def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
         """The windows shifted by one word; no distribution is computed until `advance` asks for one."""
