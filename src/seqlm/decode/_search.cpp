@@ -86,7 +86,7 @@ struct Work {
     std::vector<Group> groups;
     std::vector<int64_t> table, stamp, order, labels;
     std::vector<char> tried;  // (L,) the labels tried in this frame
-    std::vector<double> prefix, repeat, lbs, penalty;  // (K,), (L,), (K, labels): search.py's reach, floor
+    std::vector<double> prefix, repeat, lbs, penalty, share;  // (K,), (L,), (K, labels): search.py's reach, floor
     double everyone = 0.0, best_lm = 0.0;
     int64_t now = 0;
 
@@ -176,14 +176,16 @@ struct Work {
         for (int64_t k = 0; k < t.K; k++)
             if (sc[k * 3] > -INFINITY) top = std::max(top, sc[k * 3]), best_lm = std::max(best_lm, sc[k * 3 + 1]);
         double all = 0.0;
+        share.assign(t.K, 0.0);  // each beam's exp(score - top), once (a prefix's total sums those of its beams)
+        for (int64_t k = 0; k < t.K; k++)
+            if (sc[k * 3] > -INFINITY) all += share[k] = std::exp(sc[k * 3] - top);
         for (int64_t k = 0; k < t.K; k++) {
             if (!(sc[k * 3] > -INFINITY)) continue;
-            all += std::exp(sc[k * 3] - top);
             int64_t last = in[k * t.W + LAST];
             repeat[last] = std::max(repeat[last], sc[k * 3]);
             double sum = 0.0;
             for (int64_t j = 0; j < t.K; j++)
-                if (sc[j * 3] > -INFINITY && in[j * t.W + KEY] == in[k * t.W + KEY]) sum += std::exp(sc[j * 3] - top);
+                if (sc[j * 3] > -INFINITY && in[j * t.W + KEY] == in[k * t.W + KEY]) sum += share[j];
             prefix[k] = top + std::log(sum);
         }
         everyone = top + std::log(all);
@@ -325,8 +327,61 @@ PyObject *frame(PyObject *, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+// Whether a label that ends a word (a space, a ▁ piece) is tried in frame lp (L,): one at or above token_min_logp,
+// or the best (prepare's choice); in most frames of most utterances none is, and then no beam reads the LM.
+bool may_end(const Tables &t, const double *lp) {
+    int64_t best = std::max_element(lp, lp + t.L) - lp;
+    for (int64_t c = 0; c < t.L; c++)
+        if (t.starts[c] && (lp[c] >= t.token_min_logp || c == best)) return true;
+    return false;
+}
+
+// wanted(ints, floats, arrays, scores (U, K, 3), beam ints (U, K, W), lp (A, L), rows out, tokens out, index out,
+//        pair out, each (A * K,)) -> (n, m): at word level, the n (LM row, word) pairs the frame may score (expand's
+//        word, <unk> for one the LM does not spell), each once an utterance (beams alike but for their last label
+//        share one), and the m beams that read them: beam index[i] = u * K + k reads pair pair[i]. A beam reads
+//        one when it is live, has a partial word and a label that ends a word is tried in its utterance. The LM
+//        pool scores or reads the pairs before `frame` (seqlm.decode.compiled).
+PyObject *wanted(PyObject *, PyObject *args) {
+    PyObject *ints, *floats, *arrays, *o[7];
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOOO", &PyTuple_Type, &ints, &PyTuple_Type, &floats, &PyTuple_Type,
+                          &arrays, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
+        return NULL;
+    Tables t;
+    std::deque<View> keep;
+    if (!read_tables(ints, floats, arrays, t, keep)) return NULL;
+    View b[7];
+    for (int i = 0; i < 7; i++)
+        if (!b[i].get(o[i], i >= 3)) return NULL;
+    int64_t A = b[2].count() / t.L, K = t.K, W = t.W, n = 0, m = 0;
+    for (int i = 3; i < 7; i++)
+        if (b[i].count() < A * K) {
+            PyErr_SetString(PyExc_ValueError, "wanted: the outputs hold fewer than A * K pairs");
+            return NULL;
+        }
+    const double *sc = b[0].at<double>();
+    const int64_t *in = b[1].at<int64_t>();
+    int64_t *rows = b[3].at<int64_t>(), *tokens = b[4].at<int64_t>(), *index = b[5].at<int64_t>();
+    int64_t *pair = b[6].at<int64_t>();
+    for (int64_t u = 0; u < A; u++) {
+        if (!t.word_level || !may_end(t, b[2].at<double>() + u * t.L)) continue;
+        int64_t first = n;  // this utterance's pairs: rows[first:n]
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t *x = in + (u * K + k) * W;
+            if (!(sc[(u * K + k) * 3] > -INFINITY) || x[PLEN] <= 0) continue;
+            int64_t node = x[NODE], w = node >= 0 && t.word ? t.word[node] : -1, token = w >= 0 ? w : t.unk;
+            int64_t p = first;
+            while (p < n && !(rows[p] == x[ROW] && tokens[p] == token)) p++;
+            if (p == n) rows[n] = x[ROW], tokens[n] = token, n++;
+            index[m] = u * K + k, pair[m] = p, m++;
+        }
+    }
+    return Py_BuildValue("(LL)", static_cast<long long>(n), static_cast<long long>(m));
+}
+
 PyMethodDef methods[] = {
     {"frame", frame, METH_VARARGS, "one frame of the CTC prefix beam search (seqlm/decode/search.py's twin)"},
+    {"wanted", wanted, METH_VARARGS, "the (LM row, word) pairs a frame may score at word level"},
     {NULL, NULL, 0, NULL},
 };
 

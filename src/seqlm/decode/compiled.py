@@ -58,7 +58,7 @@ class CompiledSearch:
     def __init__(self, tables, ext):
         self.t, self.ext = tables, ext
         t, lex, hot = tables, tables.lexicon, tables.hotwords
-        self.ending = t.starts.nonzero().squeeze(1)  # (S,) the labels that end a word at word level
+        self.want = np.empty(0, dtype=np.int64)  # _wanted's outputs, reused
         self.arrays = (_ints(t.starts), _ints(t.text_len), _ints(t.part_hash.codes), _ints(t.key_hash.codes),
                        _ints(t.tokens), _ints(lex.word if lex else None), _ints(lex.unigram if lex else None),
                        _ints(lex.prefix if lex else None), _floats(hot.weight if hot else None),
@@ -68,23 +68,26 @@ class CompiledSearch:
 
     def frame(self, b: Beams, lp: Tensor, active: int) -> tuple[Beams, Tensor, Tensor]:
         """As seqlm.decode.search.Search.frame."""
-        t, K = self.t, self.t.cfg.beam_width
+        t, K, lp = self.t, self.t.cfg.beam_width, lp.contiguous().numpy()
         pool, dist, slot, word_lnp = t.pool, None, None, None
-        if pool is not None:  # the beams that may score a token in this frame (at word level: end a word)
-            need = b.alive[:active]  # (A, K)
-            if t.word_level:
-                need = need & (b.plen[:active] > 0) & self.may_end(lp).unsqueeze(1)
-            if pool.sparse:  # what each of their partial words scores if it ends
-                word_lnp = self.word_lnp(b, active, need).numpy()
-            else:  # their rows, read first
-                pool.read_rows(b.row[:active][need])
-                dist, slot = pool.dist.numpy(), pool.slot.numpy()
+        if pool is not None and t.word_level:  # the pairs the frame may score (a word ends), scored or read first
+            rows, tokens, index, pair = self._wanted(b, lp, active)
+            if pool.sparse:  # what each of those partial words scores if it ends: (A, K), 0 elsewhere
+                word_lnp = np.zeros(active * K)
+                if len(index):
+                    word_lnp[index] = pool.logp(rows, tokens).numpy()[pair]
+            else:
+                pool.read_rows(rows)
+        elif pool is not None:  # token level: the rows of every live beam
+            pool.read_rows(b.row[:active][b.alive[:active]])
+        if pool is not None and not pool.sparse:
+            dist, slot = pool.dist.numpy(), pool.slot.numpy()
         out = Beams(torch.empty((active, K, 3), dtype=torch.float64), torch.empty((active, K, b.ints.shape[-1]),
                                                                                   dtype=torch.long))
         parent, label = torch.empty((active, K), dtype=torch.long), torch.empty((active, K), dtype=torch.long)
         pend = torch.empty((active, K, 2), dtype=torch.long)  # (LM row, token) a kept beam reads; -1: none
         self.ext.frame(self._ints(), self._floats(), self.arrays, b.scores.numpy(), b.ints.numpy(),
-                       lp.contiguous().numpy(), dist, slot, word_lnp, out.scores.numpy(), out.ints.numpy(),
+                       lp, dist, slot, word_lnp, out.scores.numpy(), out.ints.numpy(),
                        parent.numpy(), label.numpy(), pend.numpy())
         if pool is not None:
             pend = pend.view(-1, 2)
@@ -94,22 +97,17 @@ class CompiledSearch:
         b.scores[:active], b.ints[:active] = out.scores, out.ints
         return b, parent, label
 
-    def may_end(self, lp: Tensor) -> Tensor:
-        """(A,) whether a label that ends a word (a space, a ▁ piece) is tried in the frame lp (A, L): one above
-        token_min_logp or the best (_search.cpp's prepare); in most frames of most utterances none is, and then no
-        beam reads the LM."""
-        t = self.t
-        tried = lp[:, self.ending] >= t.cfg.token_min_logp  # (A, S)
-        return tried.any(1) | t.starts.index_select(0, lp.argmax(1))
-
-    def word_lnp(self, b: Beams, active: int, need: Tensor) -> Tensor:
-        """(A, K) float64 ln p(partial word | history) of the beams `need` (A, K) (<unk> for a word the LM does not
-        spell: decoder.py's lm_events), 0 elsewhere: one `advance_targets` for all (a sparse pool)."""
-        t = self.t
-        out = torch.zeros((active, t.cfg.beam_width), dtype=torch.float64)
-        if need.any():
-            out[need] = t.pool.logp(b.row[:active][need], t.word_tokens(b.node[:active][need]))
-        return out
+    def _wanted(self, b: Beams, lp: np.ndarray, active: int) -> tuple[Tensor, Tensor, np.ndarray, np.ndarray]:
+        """The (LM row, word) pairs the frame may score, rows (N,) and words (N,), and the beams that read them,
+        u * K + k (M,), each reading pair[i] (M,): the live beams with a partial word in utterances where a label
+        that ends a word is tried (_search.cpp's wanted); in most frames of most utterances there is none."""
+        size = active * self.t.cfg.beam_width
+        if len(self.want) < 4 * size:
+            self.want = np.empty(4 * size, dtype=np.int64)
+        rows, tokens, index, pair = (self.want[i * size : (i + 1) * size] for i in range(4))
+        n, m = self.ext.wanted(self._ints(), self._floats(), self.arrays, b.scores.numpy(), b.ints.numpy(), lp, rows,
+                               tokens, index, pair)
+        return torch.from_numpy(rows[:n]), torch.from_numpy(tokens[:n]), index[:m], pair[:m]
 
     def _ints(self) -> tuple:
         t = self.t
