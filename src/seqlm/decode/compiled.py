@@ -69,9 +69,10 @@ class CompiledSearch:
     def frame(self, b: Beams, lp: Tensor, active: int) -> tuple[Beams, Tensor, Tensor]:
         """As seqlm.decode.search.Search.frame."""
         t, K, lp = self.t, self.t.cfg.beam_width, lp.contiguous().numpy()
+        ints, floats = self._ints(), self._floats()
         pool, dist, slot, word_lnp = t.pool, None, None, None
         if pool is not None and t.word_level:  # the pairs the frame may score (a word ends), scored or read first
-            rows, tokens, index, pair = self._wanted(b, lp, active)
+            rows, tokens, index, pair = self._wanted(b, lp, active, ints, floats)
             if pool.sparse:  # what each of those partial words scores if it ends: (A, K), 0 elsewhere
                 word_lnp = np.zeros(active * K)
                 if len(index):
@@ -86,7 +87,7 @@ class CompiledSearch:
                                                                                   dtype=torch.long))
         parent, label = torch.empty((active, K), dtype=torch.long), torch.empty((active, K), dtype=torch.long)
         pend = torch.empty((active, K, 2), dtype=torch.long)  # (LM row, token) a kept beam reads; -1: none
-        self.ext.frame(self._ints(), self._floats(), self.arrays, b.scores.numpy(), b.ints.numpy(),
+        self.ext.frame(ints, floats, self.arrays, b.scores.numpy(), b.ints.numpy(),
                        lp, dist, slot, word_lnp, out.scores.numpy(), out.ints.numpy(),
                        parent.numpy(), label.numpy(), pend.numpy())
         if pool is not None:
@@ -97,7 +98,8 @@ class CompiledSearch:
         b.scores[:active], b.ints[:active] = out.scores, out.ints
         return b, parent, label
 
-    def _wanted(self, b: Beams, lp: np.ndarray, active: int) -> tuple[Tensor, Tensor, np.ndarray, np.ndarray]:
+    def _wanted(self, b: Beams, lp: np.ndarray, active: int, ints: tuple,
+                floats: tuple) -> tuple[Tensor, Tensor, np.ndarray, np.ndarray]:
         """The (LM row, word) pairs the frame may score, rows (N,) and words (N,), and the beams that read them,
         u * K + k (M,), each reading pair[i] (M,): the live beams with a partial word in utterances where a label
         that ends a word is tried (_search.cpp's wanted); in most frames of most utterances there is none."""
@@ -105,8 +107,8 @@ class CompiledSearch:
         if len(self.want) < 4 * size:
             self.want = np.empty(4 * size, dtype=np.int64)
         rows, tokens, index, pair = (self.want[i * size : (i + 1) * size] for i in range(4))
-        n, m = self.ext.wanted(self._ints(), self._floats(), self.arrays, b.scores.numpy(), b.ints.numpy(), lp, rows,
-                               tokens, index, pair)
+        n, m = self.ext.wanted(ints, floats, self.arrays, b.scores.numpy(), b.ints.numpy(), lp, rows, tokens, index,
+                               pair)
         return torch.from_numpy(rows[:n]), torch.from_numpy(tokens[:n]), index[:m], pair[:m]
 
     def _ints(self) -> tuple:

@@ -190,8 +190,8 @@ class CTCDecoder:
         t.new_pool()
         beams = Beams.start(len(mats), self.cfg.beam_width, t.history, t.labels.blank, self.device)
         traces = []
-        for f in range(lp.shape[1]):
-            active = int((lengths > f).sum())
+        actives = (lengths.view(1, -1) > torch.arange(lp.shape[1], device=self.device).view(-1, 1)).sum(1).tolist()
+        for f, active in enumerate(actives):  # utterances are longest first: the first `active` have frame f
             beams, parent, label = self.search.frame(beams, lp[:active, f], active)
             traces.append((parent, label))
             beams = self._compact(beams)
