@@ -70,19 +70,8 @@ class CompiledSearch:
         """As seqlm.decode.search.Search.frame."""
         t, K, lp = self.t, self.t.cfg.beam_width, lp.contiguous().numpy()
         ints, floats = self._ints(), self._floats()
-        pool, dist, slot, word_lnp = t.pool, None, None, None
-        if pool is not None and t.word_level:  # the pairs the frame may score (a word ends), scored or read first
-            rows, tokens, index, pair = self._wanted(b, lp, active, ints, floats)
-            if pool.sparse:  # what each of those partial words scores if it ends: (A, K), 0 elsewhere
-                word_lnp = np.zeros(active * K)
-                if len(index):
-                    word_lnp[index] = pool.logp(rows, tokens).numpy()[pair]
-            else:
-                pool.read_rows(rows)
-        elif pool is not None:  # token level: the rows of every live beam
-            pool.read_rows(b.row[:active][b.alive[:active]])
-        if pool is not None and not pool.sparse:
-            dist, slot = pool.dist.numpy(), pool.slot.numpy()
+        pool = t.pool
+        dist, slot, word_lnp = self._read_lm(b, lp, active, ints, floats) if pool is not None else (None, None, None)
         out = Beams(torch.empty((active, K, 3), dtype=torch.float64), torch.empty((active, K, b.ints.shape[-1]),
                                                                                   dtype=torch.long))
         parent, label = torch.empty((active, K), dtype=torch.long), torch.empty((active, K), dtype=torch.long)
@@ -97,6 +86,22 @@ class CompiledSearch:
                 out.ints.view(-1, len(COLUMNS) + t.history)[i, ROW] = pool.add_pairs(pend[i, 0], pend[i, 1])
         b.scores[:active], b.ints[:active] = out.scores, out.ints
         return b, parent, label
+
+    def _read_lm(self, b: Beams, lp: np.ndarray, active: int, ints: tuple, floats: tuple) -> tuple:
+        """What the step reads of the LM, read first: the pool's rows and their slots (dist, slot), or from a sparse
+        pool the score of each beam's partial word if it ends, (A * K,) 0 where it may not (word_lnp)."""
+        t, pool = self.t, self.t.pool
+        if not t.word_level:  # token level: the rows of every live beam
+            pool.read_rows(b.row[:active][b.alive[:active]])
+        else:  # the pairs the frame may score (a word ends)
+            rows, tokens, index, pair = self._wanted(b, lp, active, ints, floats)
+            if pool.sparse:
+                word_lnp = np.zeros(active * t.cfg.beam_width)
+                if len(index):
+                    word_lnp[index] = pool.logp(rows, tokens).numpy()[pair]
+                return None, None, word_lnp
+            pool.read_rows(rows)
+        return pool.dist.numpy(), pool.slot.numpy(), None
 
     def _wanted(self, b: Beams, lp: np.ndarray, active: int, ints: tuple,
                 floats: tuple) -> tuple[Tensor, Tensor, np.ndarray, np.ndarray]:

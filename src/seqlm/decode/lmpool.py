@@ -7,8 +7,8 @@ never cost an LM call. Then every row asked for in one frame is read with one `e
 and one `advance` (seqlm.protocol), whatever its utterance. A row's parent is read before the row is made (its
 word was scored from it), so one step always suffices. A `sparse` pool (a model that declares sparse_targets,
 scored word by word) keeps only the states and asks `advance_targets` for the (row, token) pairs scored: an
-n-gram's lookups, where a row of the table is the whole vocabulary. Rows no beam needs any more are dropped now and then
-(`compact`), so the pool holds at most about twice the rows the beams read.
+n-gram's lookups, where a row of the table is the whole vocabulary. Rows no beam needs any more are dropped now
+and then (`compact`), so the pool holds at most about twice the rows the beams read.
 """
 
 from __future__ import annotations
