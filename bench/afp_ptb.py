@@ -18,7 +18,8 @@ RECIPE: the rnn family's `rnn-bptt` recipe in full (Adam lr 0.003, 64 x 20 batch
 until valid stops improving, at most 30 epochs: rnn-bptt stopped after 18), for bptt and every afp row alike.
 `bptt-3ep`, `afp-kK-3ep` are the earlier shortened rows (3 epochs of the same recipe) and `bptt-e5`,
 `afp-k4-e5` continue two of them to 5 epochs; `afp-k4-drop0.1`, `afp-k4-drop0.5` are AFP-4 with another dropout
-rate, `afp-k4-lr0.001`, `afp-k4-lr0.006` with another Adam rate, from scratch; `afp-k4-from-bptt` / `-from-afp-k6` / `-from-afp-k8` start from that row's trained model (run it first).
+rate, `afp-k4-lr0.001`, `afp-k4-lr0.006` with another Adam rate, from scratch; `afp-k4-from-bptt`
+/ `-from-afp-k6` / `-from-afp-k8` start from that row's trained model (run it first).
 Rows resume from their epoch checkpoints in bench/checkpoints/afp_ptb/ROW.
 """
 
