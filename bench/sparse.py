@@ -63,6 +63,15 @@ ENCODER = ["--hidden", "200", "--layers", "2", "--batch-size", "32", "--seq-len"
            "--max-epochs", "1"]
 NCE = ["--objective", "nce", "--noise-samples", "100", "--noise-sharing", "token"]  # k noise words per position
 NCE_BATCH = [*NCE[:-1], "batch"]  # one draw of k noise words shared by the whole batch: cheaper, and worse here
+# torch's adaptive softmax tuned as a user would (#44 item 3), on the shortened recipe: cut-offs (frequency
+# ranks), div_value (tail cluster i projects to 200 / div^i dims) and Adam's rate, picked on valid
+ADAPTIVE = {"adaptive": ["--output", "adaptive"],  # the defaults: 2k / 10k / 50k, div 4 (50 / 12 / 3 dims)
+            "adaptive-div2": ["--output", "adaptive", "--div-value", "2"],
+            "adaptive-c2k10k-div2": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "2"],
+            "adaptive-c4k20k-div2": ["--output", "adaptive", "--cutoffs", "4000,20000", "--div-value", "2"],
+            "adaptive-c2k10k-div1": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "1"]}
+ADAPTIVE |= {f"{v}-lr{lr}": [*ADAPTIVE[v], "--lr", lr] for v in ("adaptive-c2k10k-div2", "adaptive-c2k10k-div1")
+             for lr in ("0.001", "0.006")}
 VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "full": [],
     "full-bf16": ["--precision", "bf16"],  # (a) under bf16 autocast: what bf16 training costs in perplexity
@@ -84,7 +93,7 @@ VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "nce-zreg-4ep": [*NCE_BATCH, "--normaliser", "regression", "--max-epochs", "4", "--min-improvement", "0"],
     # (c) with per-token noise, run before it became these rows' setting: the same flags as nce-zreg now
     "nce-zreg-token": [*NCE, "--normaliser", "regression"],
-}
+} | ADAPTIVE
 # the full-corpus recipe: the same encoder, every epoch run (no early stop); output layers users pick today
 ALL_ENCODER = [*ENCODER[:-1], str(ALL_EPOCHS), "--min-improvement", "0"]
 ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias", "codes-cbias-prior")} | {

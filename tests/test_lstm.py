@@ -15,6 +15,7 @@ import seqlm
 from seqlm.cli import main
 from seqlm.data.corpus import encode_sentences
 from seqlm.data.vocab import Vocab
+from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import score_tokens
 from seqlm.models.lstm import LSTMConfig, build_lstm
 from seqlm.nn.softmax import VocabLayerConfig, parameters_by_layer
@@ -50,7 +51,7 @@ def _reference(model, vocab, stream: bool) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kw", [{}, {"tie_embeddings": True}, {"output": "class", "classes": 2},
-                                {"output": "adaptive", "cutoffs": "2,4"},
+                                {"output": "adaptive", "cutoffs": "2,4", "div_value": 2.0},
                                 {"vocab_layers": VocabLayerConfig(objective="nce", normaliser="regression")}])
 def test_batched_sentence_scores_equal_step_by_step(kw):
     model, vocab = _model(**kw)
@@ -59,7 +60,8 @@ def test_batched_sentence_scores_equal_step_by_step(kw):
     assert np.allclose(got, _reference(model, vocab, stream=False), atol=1e-9)
 
 
-@pytest.mark.parametrize("kw", [{}, {"output": "class", "classes": 2}, {"output": "adaptive", "cutoffs": "2,4"},
+@pytest.mark.parametrize("kw", [{}, {"output": "class", "classes": 2},
+                                {"output": "adaptive", "cutoffs": "2,4", "div_value": 2.0},
                                 {"vocab_layers": VocabLayerConfig(objective="nce", normaliser="regression")}])
 def test_every_output_layer_trains_under_bf16_autocast(kw):
     """--precision bf16 trains every output layer (torch's adaptive softmax once failed under autocast)."""
@@ -178,3 +180,14 @@ def test_corpus_under_seqlm_data_by_name(tmp_path, monkeypatch, capsys):
     assert main(["train", "--model", "lstm", "--data", "mycorpus", "--out", str(tmp_path / "m"), "--hidden", "8",
                  "--layers", "1", "--max-epochs", "1", "--threads", "1"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["test_tokens"] > 0
+
+
+def test_div_value_sets_the_adaptive_tail_projections():
+    vocab = Vocab(["</s>", "<unk>", "a", "b", "c", "d"], [4, 0, 4, 4, 2, 2])
+    for div, widths in ((2.0, [4, 2]), (1.5, [5, 3])):
+        model = build_lstm(LSTMConfig(hidden=8, output="adaptive", cutoffs="2,4", div_value=div), vocab)
+        assert [t[0].out_features for t in model.out.asm.tail] == widths  # hidden // div^i, i = 1, 2
+    with pytest.raises(SeqlmError, match="under one dimension"):  # 8 / 4^2: torch would make a width-0 layer
+        build_lstm(LSTMConfig(hidden=8, output="adaptive", cutoffs="2,4", div_value=4.0), vocab)
+    with pytest.raises(SeqlmError):
+        LSTMConfig(output="adaptive", div_value=0.0)

@@ -46,12 +46,13 @@ class LSTMConfig:
     output: str = "full"  # full | class (class-factorised softmax) | adaptive (torch's adaptive softmax)
     classes: int = 0  # class output: number of classes; 0 = round(sqrt(V))
     cutoffs: str = ""  # adaptive output: cluster boundaries in frequency rank, e.g. 2000,10000; "" = 2k/10k/50k < V
+    div_value: float = 4.0  # adaptive output: tail cluster i projects the state to hidden / div_value^i dimensions
     sentence_independent: bool = False  # reset the state at every sentence (train and eval)
     vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)
     train: TrainConfig = field(default_factory=_lstm_training)
 
     def __post_init__(self) -> None:
-        positive(self, "hidden", "layers")
+        positive(self, "hidden", "layers", "div_value")
         if self.embed < 0 or self.classes < 0:
             raise SeqlmError("--embed and --classes must be 0 (automatic) or positive")
         dropout_rate(self.dropout)
@@ -80,7 +81,7 @@ class TiedEmbedding(nn.Module):
 
 class LSTMLM(LMBase, nn.Module):
     def __init__(self, vocab: Vocab, embed: int, hidden: int, layers: int, dropout: float, tied: bool,
-                 output: str, classes: int, cutoffs: str, sentence_independent: bool,
+                 output: str, classes: int, cutoffs: str, div_value: float, sentence_independent: bool,
                  vocab_layers: VocabLayerConfig):
         super().__init__()
         self.vocab, self.sentence_independent = vocab, sentence_independent
@@ -90,7 +91,7 @@ class LSTMLM(LMBase, nn.Module):
         n_cls = classes or round(len(vocab) ** 0.5)
         # every LSTM starts from the unigram model (what NCE needs), so that objectives compare fairly
         self.out = build_output(vocab_layers, vocab, hidden, embedding, output, n_cls, unigram_bias=True,
-                                cutoffs=cutoffs)
+                                cutoffs=cutoffs, div_value=div_value)
         self.embedding = TiedEmbedding(self.out.proj) if tied else embedding
         self.lstm = nn.LSTM(embed, hidden, num_layers=layers, dropout=dropout if layers > 1 else 0.0,
                             batch_first=True)
@@ -166,7 +167,8 @@ class LSTMLM(LMBase, nn.Module):
 def build_lstm(cfg: LSTMConfig, vocab: Vocab) -> LSTMLM:
     return LSTMLM(vocab, embed=cfg.embed or cfg.hidden, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout,
                   tied=cfg.tied, output=cfg.output, classes=cfg.classes, cutoffs=cfg.cutoffs,
-                  sentence_independent=cfg.sentence_independent, vocab_layers=cfg.vocab_layers)
+                  div_value=cfg.div_value, sentence_independent=cfg.sentence_independent,
+                  vocab_layers=cfg.vocab_layers)
 
 
 lstm_batches = rnn_batches  # a continuous stream in B rows, or whole sentences per row when sentence-independent

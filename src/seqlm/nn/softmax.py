@@ -236,6 +236,9 @@ class AdaptiveSoftmax(nn.Module):
 
     def __init__(self, hidden: int, counts: Sequence[int] | Tensor, cutoffs: list[int], div_value: float = 4.0):
         super().__init__()
+        if int(hidden // div_value ** len(cutoffs)) < 1:  # torch would build a width-0 projection silently
+            raise SeqlmError(f"adaptive output: the last tail cluster's projection, hidden {hidden} / div_value "
+                             f"{div_value}^{len(cutoffs)}, is under one dimension: lower --div-value or the clusters")
         counts = torch.as_tensor(counts, dtype=torch.long)
         order = torch.sort(counts, descending=True, stable=True).indices  # (V,) rank -> word id
         self.register_buffer("word_to_rank", torch.empty_like(order).scatter_(0, order, torch.arange(len(order))))
@@ -298,7 +301,8 @@ def build_embedding(cfg: VocabLayerConfig, vocab: Vocab, dim: int) -> nn.Module:
 
 
 def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn.Module | None = None,
-                 output: str = "full", classes: int = 0, unigram_bias: bool = False, cutoffs: str = "") -> nn.Module:
+                 output: str = "full", classes: int = 0, unigram_bias: bool = False, cutoffs: str = "",
+                 div_value: float = 4.0) -> nn.Module:
     """The output layer a family's config asks for. With --codes the output shares `embedding`'s codes.
     `unigram_bias`: start from the unigram model (biases = log unigram probabilities; always so for NCE)."""
     if output in ("class", "adaptive"):
@@ -306,7 +310,7 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
             raise SeqlmError("--objective nce and --codes need the full output layer (--output full)")
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu").clamp(min=1)
         if output == "adaptive":
-            return AdaptiveSoftmax(hidden, counts, adaptive_cutoffs(len(vocab), cutoffs))
+            return AdaptiveSoftmax(hidden, counts, adaptive_cutoffs(len(vocab), cutoffs), div_value)
         return ClassSoftmax(hidden, counts, min(classes, len(vocab)))
     proj = None
     if cfg.codes:
