@@ -48,6 +48,7 @@ from seqlm.models.lstm import LSTMConfig
 from seqlm.nn.softmax import parameters_by_layer
 from seqlm.registry import Splits, family, new_model
 from seqlm.train.resume import run_status
+from seqlm.train.run import fit_family
 
 from common import CHECKPOINTS, RESULTS, merge_rows, row_parser
 
@@ -221,8 +222,8 @@ def run_lstm(name: str, corpus: str, flags: list[str], args, extra: dict, full_d
     model = new_model("lstm", cfg, vocab)
     model.data_config = data_cfg
     out.mkdir(parents=True, exist_ok=True)
-    family("lstm").train(model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg), resumed,
-                         args.session_minutes)
+    fit_family(family("lstm"), model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg), resumed,
+               args.session_minutes)
     return _lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra, resumed)
 
 
@@ -299,8 +300,8 @@ def run_all_lstm(name: str, corpus: str, flags: list[str], args, extra: dict) ->
         model = new_model("lstm", cfg, vocab)
         model.data_config = data_cfg
         try:
-            family("lstm").train(model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg),
-                                 status["started"])
+            fit_family(family("lstm"), model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg),
+                       status["started"], 0.0)
         except SystemExit:  # SIGTERM/SIGINT: the state is saved; record this invocation before leaving
             merge_rows("sparse", [_in_progress(name, corpus, out, resumed, flags, args, extra)])
             raise

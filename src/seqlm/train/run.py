@@ -290,7 +290,7 @@ def _train(name: str, data: str | None, text: str | None, out_dir: Path, config_
         mark_untrained(out_dir)  # until the first best model replaces them, --resume may start them again
     t0 = time.time()
     try:
-        model = _fit_family(family(name), model, splits, out_dir, save_best, started, session_minutes)
+        model = fit_family(family(name), model, splits, out_dir, save_best, started, session_minutes)
     except BaseException:
         if main_rank and not run_status(out_dir)["started"]:
             _remove_new(out_dir, before)
@@ -330,7 +330,7 @@ def _fixed_words(data: DataConfig) -> list[str]:
     return words
 
 
-def _fit_family(fam, model, splits: Splits, out_dir: Path, save, resume: bool, session_minutes: float):
+def fit_family(fam, model, splits: Splits, out_dir: Path, save, resume: bool, session_minutes: float):
     """A neural family through the one loop (its batches, its step); a count-based one is estimated."""
     if isinstance(fam, NeuralFamily):
         fit(model, fam.step, fam.batches(model.config, model.vocab), splits.train, splits.valid, model.config.train,
