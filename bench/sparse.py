@@ -73,6 +73,14 @@ ADAPTIVE = {"adaptive": ["--output", "adaptive"],  # the defaults: 2k / 10k / 50
             "adaptive-c2k10k-div1": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "1"]}
 ADAPTIVE |= {f"{v}-lr{lr}": [*ADAPTIVE[v], "--lr", lr] for v in ("adaptive-c2k10k-div2", "adaptive-c2k10k-div1")
              for lr in ("0.001", "0.006")}
+# the rows above ran with torch's layer as it comes (random head biases, no tail biases: 885cfc9); from
+# the next revision the adaptive layer starts from the unigram model as the full one does (head biases), and
+# `--tail-bias` gives each tail word a bias (its log p within its cluster at the start)
+ADAPTIVE |= {"adaptive-unigram": ["--output", "adaptive"],
+             "adaptive-unigram-tailbias": ["--output", "adaptive", "--tail-bias", "true"],
+             "adaptive-div2-tailbias": ["--output", "adaptive", "--div-value", "2", "--tail-bias", "true"],
+             "adaptive-c2k10k-div2-tailbias": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "2",
+                                               "--tail-bias", "true"]}
 VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "full": [],
     "full-bf16": ["--precision", "bf16"],  # (a) under bf16 autocast: what bf16 training costs in perplexity

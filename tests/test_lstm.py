@@ -52,6 +52,7 @@ def _reference(model, vocab, stream: bool) -> np.ndarray:
 
 @pytest.mark.parametrize("kw", [{}, {"tie_embeddings": True}, {"output": "class", "classes": 2},
                                 {"output": "adaptive", "cutoffs": "2,4", "div_value": 2.0},
+                                {"output": "adaptive", "cutoffs": "2,4", "div_value": 2.0, "tail_bias": True},
                                 {"vocab_layers": VocabLayerConfig(objective="nce", normaliser="regression")}])
 def test_batched_sentence_scores_equal_step_by_step(kw):
     model, vocab = _model(**kw)
@@ -191,3 +192,5 @@ def test_div_value_sets_the_adaptive_tail_projections():
         build_lstm(LSTMConfig(hidden=8, output="adaptive", cutoffs="2,4", div_value=4.0), vocab)
     with pytest.raises(SeqlmError):
         LSTMConfig(output="adaptive", div_value=0.0)
+    with pytest.raises(SeqlmError, match="adaptive output layer only"):
+        LSTMConfig(output="full", tail_bias=True)

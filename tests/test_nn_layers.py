@@ -352,10 +352,13 @@ def test_elman_without_input_projection_matches_reference_paths():
     torch.testing.assert_close(outs[1], outs[2])
 
 
-def test_adaptive_softmax_equals_a_hand_computation_over_frequency_ranks():
+@pytest.mark.parametrize("tail_bias", [False, True])
+def test_adaptive_softmax_equals_a_hand_computation_over_frequency_ranks(tail_bias):
     torch.manual_seed(0)
     counts = [3, 50, 7, 1, 20, 9, 2, 40, 5, 4]  # word ids not in frequency order
-    layer = AdaptiveSoftmax(6, counts, [2, 5], div_value=2.0).double()
+    layer = AdaptiveSoftmax(6, counts, [2, 5], div_value=2.0, tail_bias=tail_bias).double()
+    if tail_bias:
+        torch.nn.init.normal_(layer.asm.tail[1][1].bias)
     h = torch.randn(4, 6, dtype=torch.float64)
     rank = {w: r for r, w in enumerate(sorted(range(10), key=lambda w: -counts[w]))}
     head = torch.log_softmax(layer.asm.head(h), -1)  # (N, 2 + 2 clusters)
@@ -368,6 +371,23 @@ def test_adaptive_softmax_equals_a_hand_computation_over_frequency_ranks():
     targets = torch.tensor([1, 3, 9, 0])
     assert torch.allclose(layer.target_log_probs(h, targets), want[torch.arange(4), targets], atol=1e-12)
     assert torch.allclose(layer.log_probs(h).exp().sum(-1), torch.ones(4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("tail_bias", [False, True])
+def test_adaptive_softmax_starts_from_the_unigram_model(tail_bias):
+    counts = torch.tensor([3, 50, 7, 1, 20, 9, 2, 40, 5, 4])
+    layer = AdaptiveSoftmax(6, counts, [2, 5], div_value=2.0, unigram=True, tail_bias=tail_bias)
+    got = layer.log_probs(torch.zeros(1, 6))[0]  # (V,) a zero state: the biases alone
+    want = torch.log(counts / counts.sum())  # word-id order
+    head = counts >= 40  # the two most frequent words
+    torch.testing.assert_close(got[head], want[head])
+    for cluster in ([20, 9, 7], [5, 4, 3, 2, 1]):  # each cluster's mass, ranks 2-4 and 5-9
+        members = torch.isin(counts, torch.tensor(cluster))
+        torch.testing.assert_close(torch.logsumexp(got[members], 0), torch.logsumexp(want[members], 0))
+        if tail_bias:  # each tail word its own share; without a bias the cluster is uniform
+            torch.testing.assert_close(got[members], want[members])
+        else:
+            torch.testing.assert_close(got[members], got[members][:1].expand(len(cluster)))
 
 
 def test_adaptive_cutoffs_default_and_refusals():

@@ -47,6 +47,7 @@ class LSTMConfig:
     classes: int = 0  # class output: number of classes; 0 = round(sqrt(V))
     cutoffs: str = ""  # adaptive output: cluster boundaries in frequency rank, e.g. 2000,10000; "" = 2k/10k/50k < V
     div_value: float = 4.0  # adaptive output: tail cluster i projects the state to hidden / div_value^i dimensions
+    tail_bias: bool = False  # adaptive output: a bias per tail word (torch's tails have none), from its unigram share
     sentence_independent: bool = False  # reset the state at every sentence (train and eval)
     vocab_layers: VocabLayerConfig = field(default_factory=VocabLayerConfig)
     train: TrainConfig = field(default_factory=_lstm_training)
@@ -57,6 +58,8 @@ class LSTMConfig:
             raise SeqlmError("--embed and --classes must be 0 (automatic) or positive")
         dropout_rate(self.dropout)
         choice("output", self.output, ("full", "class", "adaptive"))
+        if self.tail_bias and self.output != "adaptive":
+            raise SeqlmError("--tail-bias applies to the adaptive output layer only (--output adaptive)")
         if self.tie_embeddings and self.embed not in (0, self.hidden):
             raise SeqlmError(f"--tie-embeddings needs --embed 0 or equal to --hidden ({self.hidden}), got {self.embed}")
         if self.tie_embeddings and (self.vocab_layers.codes or self.output != "full"):
@@ -81,8 +84,8 @@ class TiedEmbedding(nn.Module):
 
 class LSTMLM(LMBase, nn.Module):
     def __init__(self, vocab: Vocab, embed: int, hidden: int, layers: int, dropout: float, tied: bool,
-                 output: str, classes: int, cutoffs: str, div_value: float, sentence_independent: bool,
-                 vocab_layers: VocabLayerConfig):
+                 output: str, classes: int, cutoffs: str, div_value: float, tail_bias: bool,
+                 sentence_independent: bool, vocab_layers: VocabLayerConfig):
         super().__init__()
         self.vocab, self.sentence_independent = vocab, sentence_independent
         embedding = build_embedding(vocab_layers, vocab, embed)
@@ -91,7 +94,7 @@ class LSTMLM(LMBase, nn.Module):
         n_cls = classes or round(len(vocab) ** 0.5)
         # every LSTM starts from the unigram model (what NCE needs), so that objectives compare fairly
         self.out = build_output(vocab_layers, vocab, hidden, embedding, output, n_cls, unigram_bias=True,
-                                cutoffs=cutoffs, div_value=div_value)
+                                cutoffs=cutoffs, div_value=div_value, tail_bias=tail_bias)
         self.embedding = TiedEmbedding(self.out.proj) if tied else embedding
         self.lstm = nn.LSTM(embed, hidden, num_layers=layers, dropout=dropout if layers > 1 else 0.0,
                             batch_first=True)
@@ -167,7 +170,7 @@ class LSTMLM(LMBase, nn.Module):
 def build_lstm(cfg: LSTMConfig, vocab: Vocab) -> LSTMLM:
     return LSTMLM(vocab, embed=cfg.embed or cfg.hidden, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout,
                   tied=cfg.tied, output=cfg.output, classes=cfg.classes, cutoffs=cfg.cutoffs,
-                  div_value=cfg.div_value, sentence_independent=cfg.sentence_independent,
+                  div_value=cfg.div_value, tail_bias=cfg.tail_bias, sentence_independent=cfg.sentence_independent,
                   vocab_layers=cfg.vocab_layers)
 
 

@@ -232,9 +232,15 @@ def adaptive_cutoffs(vocab_size: int, spec: str = "") -> list[int]:
 class AdaptiveSoftmax(nn.Module):
     """torch.nn.AdaptiveLogSoftmaxWithLoss over words ranked by training frequency (it needs frequent words
     first): a head over the most frequent words plus one entry per tail cluster, each tail cluster behind a
-    smaller projection (H / div_value^i). Exact and normalised; cost per token ~ H (head + one cluster)."""
+    smaller projection (H / div_value^i). Exact and normalised; cost per token ~ H (head + one cluster).
 
-    def __init__(self, hidden: int, counts: Sequence[int] | Tensor, cutoffs: list[int], div_value: float = 4.0):
+    `unigram`: start from the unigram model, as the full output layer does (head biases = log p of the head
+    words and of each cluster's mass). torch's tail layers have no bias, so a tail word's frequency must be
+    learnt through its projection; `tail_bias` gives each tail word a bias (started at log p within its
+    cluster when `unigram`), torch's own forward unchanged."""
+
+    def __init__(self, hidden: int, counts: Sequence[int] | Tensor, cutoffs: list[int], div_value: float = 4.0,
+                 unigram: bool = False, tail_bias: bool = False):
         super().__init__()
         if int(hidden // div_value ** len(cutoffs)) < 1:  # torch would build a width-0 projection silently
             raise SeqlmError(f"adaptive output: the last tail cluster's projection, hidden {hidden} / div_value "
@@ -243,6 +249,23 @@ class AdaptiveSoftmax(nn.Module):
         order = torch.sort(counts, descending=True, stable=True).indices  # (V,) rank -> word id
         self.register_buffer("word_to_rank", torch.empty_like(order).scatter_(0, order, torch.arange(len(order))))
         self.asm = nn.AdaptiveLogSoftmaxWithLoss(hidden, len(order), cutoffs, div_value=div_value, head_bias=True)
+        if tail_bias:
+            for tail in self.asm.tail:  # Sequential(projection, cluster output): the output gets a bias
+                tail[1] = nn.Linear(tail[1].in_features, tail[1].out_features, bias=True)
+        if unigram and self.asm.head.bias.device.type != "meta":
+            self._start_from_unigram(_log_unigram(counts[order]).double())  # (V,) in rank order
+
+    @torch.no_grad()
+    def _start_from_unigram(self, log_p: Tensor) -> None:
+        asm = self.asm
+        bounds = [0, *asm.cutoffs]  # the head's words, then each cluster's ranks
+        asm.head.bias[: bounds[1]] = log_p[: bounds[1]].float()
+        for i, tail in enumerate(asm.tail):
+            cluster = log_p[bounds[i + 1] : bounds[i + 2]]  # (size,)
+            mass = torch.logsumexp(cluster, 0)
+            asm.head.bias[asm.shortlist_size + i] = mass.float()
+            if tail[1].bias is not None:
+                tail[1].bias.copy_((cluster - mass).float())  # log p within the cluster
 
     def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
         # torch's module mixes its cluster outputs with index_copy_, which fails on bf16 under autocast: fp32
@@ -302,7 +325,7 @@ def build_embedding(cfg: VocabLayerConfig, vocab: Vocab, dim: int) -> nn.Module:
 
 def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn.Module | None = None,
                  output: str = "full", classes: int = 0, unigram_bias: bool = False, cutoffs: str = "",
-                 div_value: float = 4.0) -> nn.Module:
+                 div_value: float = 4.0, tail_bias: bool = False) -> nn.Module:
     """The output layer a family's config asks for. With --codes the output shares `embedding`'s codes.
     `unigram_bias`: start from the unigram model (biases = log unigram probabilities; always so for NCE)."""
     if output in ("class", "adaptive"):
@@ -310,7 +333,8 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
             raise SeqlmError("--objective nce and --codes need the full output layer (--output full)")
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu").clamp(min=1)
         if output == "adaptive":
-            return AdaptiveSoftmax(hidden, counts, adaptive_cutoffs(len(vocab), cutoffs), div_value)
+            return AdaptiveSoftmax(hidden, counts, adaptive_cutoffs(len(vocab), cutoffs), div_value, unigram_bias,
+                                   tail_bias)
         return ClassSoftmax(hidden, counts, min(classes, len(vocab)))
     proj = None
     if cfg.codes:
