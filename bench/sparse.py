@@ -80,7 +80,13 @@ ADAPTIVE |= {"adaptive-unigram": ["--output", "adaptive"],
              "adaptive-unigram-tailbias": ["--output", "adaptive", "--tail-bias", "true"],
              "adaptive-div2-tailbias": ["--output", "adaptive", "--div-value", "2", "--tail-bias", "true"],
              "adaptive-c2k10k-div2-tailbias": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "2",
+                                               "--tail-bias", "true"],
+             "adaptive-c2k10k-div1-tailbias": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "1",
+                                               "--tail-bias", "true"],
+             "adaptive-c4k20k-div2-tailbias": ["--output", "adaptive", "--cutoffs", "4000,20000", "--div-value", "2",
                                                "--tail-bias", "true"]}
+ADAPTIVE |= {f"adaptive-c2k10k-div2-tailbias-lr{lr}": [*ADAPTIVE["adaptive-c2k10k-div2-tailbias"], "--lr", lr]
+             for lr in ("0.001", "0.006")}
 VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "full": [],
     "full-bf16": ["--precision", "bf16"],  # (a) under bf16 autocast: what bf16 training costs in perplexity
