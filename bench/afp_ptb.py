@@ -18,7 +18,7 @@ RECIPE: the rnn family's `rnn-bptt` recipe in full (Adam lr 0.003, 64 x 20 batch
 until valid stops improving, at most 30 epochs: rnn-bptt stopped after 18), for bptt and every afp row alike.
 `bptt-3ep`, `afp-kK-3ep` are the earlier shortened rows (3 epochs of the same recipe) and `bptt-e5`,
 `afp-k4-e5` continue two of them to 5 epochs; `afp-k4-drop0.1`, `afp-k4-drop0.5` are AFP-4 with another dropout
-rate, `afp-k4-lr0.001`, `afp-k4-lr0.006` with another Adam rate, from scratch; `afp-k4-from-bptt`
+rate, `afp-k4-lr0.001` / `-lr0.006` / `-lr0.01` and `bptt-lr0.006` / `-lr0.01` at other Adam rates; `afp-k4-from-bptt`
 / `-from-afp-k6` / `-from-afp-k8` start from that row's trained model (run it first).
 Rows resume from their epoch checkpoints in bench/checkpoints/afp_ptb/ROW.
 """
@@ -58,7 +58,9 @@ ROWS |= {name: ROWS[src] for name, (src, _) in LONGER.items()}
 TUNED = {f"afp-k4-drop{p}": ("afp", ["--iterations", "4", "--dropout", p]) for p in ("0.1", "0.5")}
 ROWS |= TUNED
 # AFP-4 from scratch at another Adam rate (the recipe's 0.003 was tuned for BPTT), #44 item 4
-SCRATCH_LR = {f"afp-k4-lr{lr}": ("afp", ["--iterations", "4", "--lr", lr]) for lr in ("0.001", "0.006")}
+SCRATCH_LR = {f"afp-k4-lr{lr}": ("afp", ["--iterations", "4", "--lr", lr]) for lr in ("0.001", "0.006", "0.01")}
+# and BPTT at the same rates, so that each side is picked on valid from a grid of rates (equal terms)
+SCRATCH_LR |= {f"bptt-lr{lr}": ("rnn", ["--tau", "5", "--lr", lr]) for lr in ("0.006", "0.01")}
 ROWS |= SCRATCH_LR
 # AFP-4 started from the trained BPTT network (`seqlm train --init-from`), then trained through its 4 iterations
 # at a fine-tuning rate: does a network trained with the full history make a better 4-word model?
