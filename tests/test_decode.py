@@ -474,3 +474,23 @@ def test_leaving_out_labels_by_their_score_bound_changes_nothing(kn3, monkeypatc
         assert [h.text for h in a] == [h.text for h in b]
         np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-9)
 
+
+
+def test_log_posteriors_read_each_utterance_as_probabilities_or_logits():
+    """One batch of probabilities, logits, log posteriors and probabilities that do not sum to 1 (read as logits),
+    of different lengths: each utterance as numpy reads it alone, frame-major, in a reused buffer."""
+    from seqlm.decode.decoder import MIN_P, log_posteriors
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(7, 5)) * 3
+    probs = np.exp(log_softmax(logits[:4]))
+    probs[0, :] = [1.0, 0.0, 0.0, 0.0, 0.0]  # a zero is clipped at MIN_P
+    mats = [logits.astype(np.float32), probs, log_softmax(logits[:6]), np.full((3, 5), 0.1)]
+    want = [log_softmax(logits.astype(np.float32).astype(np.float64)), np.log(np.maximum(probs, MIN_P)),
+            log_softmax(log_softmax(logits[:6])), log_softmax(np.full((3, 5), 0.1))]
+    buffer = torch.empty(0, dtype=torch.float64)
+    for _ in range(2):  # the second batch reuses the first one's buffer
+        buffer, lp = log_posteriors(mats, buffer)
+        assert lp.shape == (7, 4, 5)
+        for i, w in enumerate(want):
+            np.testing.assert_allclose(lp[: len(w), i].numpy(), np.maximum(w, math.log(MIN_P)), rtol=0, atol=1e-12)

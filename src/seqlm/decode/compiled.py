@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from seqlm.data.native import compiled
-from seqlm.decode.beams import COLUMNS, ROW, Beams
+from seqlm.decode.beams import ROW, Beams
 from seqlm.protocol import model_device
 
 
@@ -59,6 +59,7 @@ class CompiledSearch:
         self.t, self.ext = tables, ext
         t, lex, hot = tables, tables.lexicon, tables.hotwords
         self.want = np.empty(0, dtype=np.int64)  # _wanted's outputs, reused
+        self.out: tuple[np.ndarray, ...] | None = None  # _outputs' buffers, reused
         self.arrays = (_ints(t.starts), _ints(t.text_len), _ints(t.part_hash.codes), _ints(t.key_hash.codes),
                        _ints(t.tokens), _ints(lex.word if lex else None), _ints(lex.unigram if lex else None),
                        _ints(lex.prefix if lex else None), _floats(hot.weight if hot else None),
@@ -67,25 +68,33 @@ class CompiledSearch:
                        _trie(hot.trie if hot else None))
 
     def frame(self, b: Beams, lp: Tensor, active: int) -> tuple[Beams, Tensor, Tensor]:
-        """As seqlm.decode.search.Search.frame."""
+        """As seqlm.decode.search.Search.frame. On numpy views throughout: a frame's few small arrays cost a
+        microsecond each that way, several as tensors (a beam-8 decode's profile showed it)."""
         t, K, lp = self.t, self.t.cfg.beam_width, lp.contiguous().numpy()
         ints, floats = self._ints(), self._floats()
         pool = t.pool
+        scores, beam_ints = b.scores.numpy(), b.ints.numpy()  # (U, K, 3), (U, K, W): views
         dist, slot, word_lnp = self._read_lm(b, lp, active, ints, floats) if pool is not None else (None, None, None)
-        out = Beams(torch.empty((active, K, 3), dtype=torch.float64), torch.empty((active, K, b.ints.shape[-1]),
-                                                                                  dtype=torch.long))
-        parent, label = torch.empty((active, K), dtype=torch.long), torch.empty((active, K), dtype=torch.long)
-        pend = torch.empty((active, K, 2), dtype=torch.long)  # (LM row, token) a kept beam reads; -1: none
-        self.ext.frame(ints, floats, self.arrays, b.scores.numpy(), b.ints.numpy(),
-                       lp, dist, slot, word_lnp, out.scores.numpy(), out.ints.numpy(),
-                       parent.numpy(), label.numpy(), pend.numpy())
+        out_scores, out_ints, pend = self._outputs(scores, beam_ints, active)
+        parent, label = np.empty((active, K), dtype=np.int64), np.empty((active, K), dtype=np.int64)
+        self.ext.frame(ints, floats, self.arrays, scores, beam_ints, lp, dist, slot, word_lnp, out_scores, out_ints,
+                       parent, label, pend)
         if pool is not None:
-            pend = pend.view(-1, 2)
-            i = (pend[:, 0] >= 0).nonzero().squeeze(1)
+            pend = pend.reshape(-1, 2)  # (A * K, 2): the (LM row, token) a kept beam reads; -1: none
+            i = np.flatnonzero(pend[:, 0] >= 0)
             if len(i):  # new rows, made together (search.py's extend_lm)
-                out.ints.view(-1, len(COLUMNS) + t.history)[i, ROW] = pool.add_pairs(pend[i, 0], pend[i, 1])
-        b.scores[:active], b.ints[:active] = out.scores, out.ints
-        return b, parent, label
+                rows = pool.add_pairs(torch.from_numpy(pend[i, 0]), torch.from_numpy(pend[i, 1]))
+                out_ints.reshape(-1, out_ints.shape[-1])[i, ROW] = rows.numpy()
+        scores[:active], beam_ints[:active] = out_scores, out_ints
+        return b, torch.from_numpy(parent), torch.from_numpy(label)
+
+    def _outputs(self, scores: np.ndarray, beam_ints: np.ndarray, active: int) -> tuple[np.ndarray, ...]:
+        """The step's outputs for `active` utterances: scores (A, K, 3), ints (A, K, W), pend (A, K, 2), views of
+        buffers made once for the batch's beams and reused every frame."""
+        if self.out is None or self.out[0].shape != scores.shape or self.out[1].shape != beam_ints.shape:
+            U, K = scores.shape[:2]
+            self.out = (np.empty_like(scores), np.empty_like(beam_ints), np.empty((U, K, 2), dtype=np.int64))
+        return tuple(x[:active] for x in self.out)
 
     def _read_lm(self, b: Beams, lp: np.ndarray, active: int, ints: tuple, floats: tuple) -> tuple:
         """What the step reads of the LM, read first: the pool's rows and their slots (dist, slot), or from a sparse

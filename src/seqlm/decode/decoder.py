@@ -158,6 +158,7 @@ class CTCDecoder:
             lm.to(self.device).eval()
         self.tables = Tables(labels, lm, self.cfg, unigrams, hotwords, self.device)
         self.search = compiled_search(self.tables) or Search(self.tables)  # compiled on the CPU
+        self._frames = torch.empty(0, dtype=torch.float64, device=self.device)  # log_posteriors' buffer, reused
         self.ms_per_utterance: list[float] = []  # of the last decode: its batch's time over its size
 
     @torch.inference_mode()
@@ -185,14 +186,14 @@ class CTCDecoder:
 
     def _search_batch(self, mats: list[np.ndarray]) -> list[list[Hypothesis]]:
         t = self.tables
-        lp = log_posteriors(mats, self.device)  # (U, T, L)
+        self._frames, lp = log_posteriors(mats, self._frames)  # (T, U, L)
         lengths = torch.tensor([len(m) for m in mats], device=self.device)
         t.new_pool()
         beams = Beams.start(len(mats), self.cfg.beam_width, t.history, t.labels.blank, self.device)
         traces = []
-        actives = (lengths.view(1, -1) > torch.arange(lp.shape[1], device=self.device).view(-1, 1)).sum(1).tolist()
+        actives = (lengths.view(1, -1) > torch.arange(lp.shape[0], device=self.device).view(-1, 1)).sum(1).tolist()
         for f, active in enumerate(actives):  # utterances are longest first: the first `active` have frame f
-            beams, parent, label = self.search.frame(beams, lp[:active, f], active)
+            beams, parent, label = self.search.frame(beams, lp[f, :active], active)
             traces.append((parent, label))
             beams = self._compact(beams)
         return finish(t, beams, lengths, traces, self.cfg.nbest)
@@ -228,18 +229,36 @@ def _gc_paused():
             gc.enable()
 
 
-def log_posteriors(mats: list[np.ndarray], device: torch.device) -> Tensor:
-    """(U, T, L) float64 log posteriors, padded with 0 past each utterance's end: probabilities (every value in
-    [0, 1], rows summing to 1 within 1e-3) through log, anything else through log_softmax (logits, log
-    posteriors alike); then clipped at ln 1e-15, as pyctcdecode does."""
-    T, L = max(len(m) for m in mats), mats[0].shape[1]
-    out = torch.zeros((len(mats), T, L), dtype=torch.float64, device=device)
-    for i, m in enumerate(mats):
-        x = torch.as_tensor(np.asarray(m, dtype=np.float64), device=device)  # (T_i, L)
-        probs = bool(((x >= 0) & (x <= 1)).all()) and bool(((x.sum(1) - 1).abs() < 1e-3).all())
-        logp = x.clamp(min=MIN_P).log() if probs else torch.log_softmax(x, dim=1)
-        out[i, : len(m)] = logp.clamp(min=math.log(MIN_P))
-    return out
+def log_posteriors(mats: list[np.ndarray], buffer: Tensor) -> tuple[Tensor, Tensor]:
+    """(T, U, L) float64 log posteriors, frame-major (a frame's active utterances are one contiguous block),
+    in `buffer` grown if need be (a fresh array of that size costs its page faults every batch); the frames past
+    an utterance's end are left as they were (never read). An utterance of probabilities (every value in
+    [0, 1], rows summing to 1 within 1e-3) goes through log, any other through log_softmax (logits, log
+    posteriors alike); then clipped at ln 1e-15, as pyctcdecode does. All utterances' frames in one pass.
+    Returns (the buffer, the posteriors: a view of it)."""
+    T, U, L = max(len(m) for m in mats), len(mats), mats[0].shape[1]
+    if buffer.numel() < T * U * L:
+        buffer = torch.empty(T * U * L, dtype=torch.float64, device=buffer.device)
+    out = buffer[: T * U * L].view(T, U, L)
+    lengths = torch.tensor([len(m) for m in mats], device=buffer.device)  # (U,)
+    x = torch.from_numpy(np.concatenate([np.asarray(m, dtype=np.float64) for m in mats])).to(buffer.device)  # (N, L)
+    utt = torch.repeat_interleave(torch.arange(U, device=buffer.device), lengths)  # (N,) each frame's utterance
+    lo, hi = torch.aminmax(x, dim=1)  # (N,): logits and log posteriors fail the range test on their first rows
+    maybe = ~(torch.zeros(U, dtype=torch.bool, device=buffer.device).index_put_((utt,), (lo < 0) | (hi > 1),
+                                                                                accumulate=True))  # (U,)
+    if bool(maybe.any()):  # the sums of the utterances in range
+        off = ((x.sum(1) - 1).abs() >= 1e-3) & maybe[utt]  # (N,)
+        maybe &= ~torch.zeros_like(maybe).index_put_((utt,), off, accumulate=True)
+    probs = maybe[utt]  # (N,) the frame's utterance is probabilities
+    logp = torch.empty_like(x)
+    for rows, fn in ((probs, lambda v: v.clamp(min=MIN_P).log()), (~probs, lambda v: torch.log_softmax(v, dim=1))):
+        if bool(rows.all()):
+            logp = fn(x)
+        elif bool(rows.any()):
+            logp[rows] = fn(x[rows])
+    frame = torch.arange(len(x), device=buffer.device) - (torch.cumsum(lengths, 0) - lengths)[utt]  # (N,)
+    out[frame, utt] = logp.clamp_(min=math.log(MIN_P))
+    return buffer, out
 
 
 def load_lm(path: str | Path | None) -> LanguageModel | None:
