@@ -50,10 +50,10 @@ class LMPool:
         n = len(parents)
         while self.size + n > len(self.parent):
             self.parent, self.token, self.slot = (_grown(x, -1) for x in (self.parent, self.token, self.slot))
-        rows = torch.arange(self.size, self.size + n, device=self.device)
-        self.parent[rows], self.token[rows] = parents, tokens
+        at = slice(self.size, self.size + n)
+        self.parent[at], self.token[at] = parents, tokens
         self.size += n
-        return rows
+        return torch.arange(at.start, at.stop, device=self.device)
 
     def add_pairs(self, parents: Tensor, tokens: Tensor) -> Tensor:
         """The rows (R,) for parents[i] + tokens[i], equal pairs sharing one new row."""
