@@ -90,6 +90,7 @@ ADAPTIVE |= {f"adaptive-c2k10k-div2-tailbias-lr{lr}": [*ADAPTIVE["adaptive-c2k10
 VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "full": [],
     "full-bf16": ["--precision", "bf16"],  # (a) under bf16 autocast: what bf16 training costs in perplexity
+    "full-bf16-lr0.006": ["--precision", "bf16", "--lr", "0.006"],  # (a) at the rate the adaptive rows picked
     "nce": [*NCE, "--normaliser", "one"],
     "nce-zreg": [*NCE, "--normaliser", "regression"],
     # compressed models are trained as in the paper: NCE with ZRegression (a softmax over the rebuilt
@@ -116,9 +117,11 @@ ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias
     "class": ["--output", "class"],  # the rnn family's frequency-binned class output, sqrt(V) classes
     # the adaptive variant picked on the shortened recipe's valid split, out of the 17 ADAPTIVE rows tried
     "adaptive-tuned": VARIANTS["adaptive-c2k10k-div2-tailbias-lr0.006"],
+    "full-lr0.006": ["--lr", "0.006"],  # (a) at the adaptive row's rate: equal terms for the rate too
 }
 ALL_ROWS = ("gcide-all-full", "gcide-all-nce", "gcide-all-nce-zreg", "gcide-all-codes-ibias",
-            "gcide-all-codes-cbias-prior", "gcide-all-adaptive", "gcide-all-adaptive-tuned", "gcide-all-class",
+            "gcide-all-codes-cbias-prior", "gcide-all-adaptive", "gcide-all-adaptive-tuned", "gcide-all-full-lr0.006",
+            "gcide-all-class",
             "gcide-all-kn5",
             "gcide-all-kn5-allwords")
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
