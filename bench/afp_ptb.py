@@ -11,6 +11,8 @@ Rows:
   for the bptt row's model and each AFP model trained.
 - `cross-k`: every trained afp-kK model evaluated at each K (sentence mode): how a model trained at one K
   does at another.
+- `valid-modes`: every trained row's saved model on PTB valid, sentence and stream mode (rows' own `valid_ppl`
+  is by sentence before 5a4bc0a, in stream mode since).
 - `timing`: wall time of one sequence (B = 1) against T, forward and forward + backward, AFP-K against the
   sequential Elman layer (its own BPTT), one process, one run; and tokens/s at the training batch size.
 
@@ -150,6 +152,20 @@ def cross_k(args) -> dict:
     return {"name": "cross-k", "data": "PTB test, sentence mode", "test_ppl_at_k": table, "threads": args.threads}
 
 
+def valid_modes(args) -> dict:
+    """`valid-modes`: every trained row's model on PTB valid in sentence and stream mode. Training validates by
+    sentence before 5a4bc0a and in stream mode since (--valid-mode auto), so rows' `valid_ppl` from either side
+    of it do not compare; these do."""
+    table = {}
+    for name in ROWS:
+        if (_out(name) / "config.json").exists():
+            model = seqlm.load(_out(name))
+            valid = encode_file(ptb_dir() / "valid.txt", model.vocab)
+            table[name] = {"sentence": ppl(model, valid), "stream": ppl(model, valid, True)}
+    return {"name": "valid-modes", "data": "PTB valid, each row's saved (best on valid) model", "valid_ppl": table,
+            "threads": args.threads}
+
+
 @torch.no_grad()
 def convergence(args, max_sentences: int = 1000) -> dict:
     """Mean ||h^(K) - h_exact|| over the first PTB valid sentences, per trained model, with ||W||_2."""
@@ -277,10 +293,13 @@ def main() -> None:
             row = convergence(args)
         elif name == "cross-k":
             row = cross_k(args)
+        elif name == "valid-modes":
+            row = valid_modes(args)
         elif name == "timing":
             row = timing(args)
         else:
-            sys.exit(f"unknown row {name}; choose from {', '.join([*ROWS, 'convergence', 'cross-k', 'timing'])}")
+            extra = ["convergence", "cross-k", "valid-modes", "timing"]
+            sys.exit(f"unknown row {name}; choose from {', '.join([*ROWS, *extra])}")
         merge_rows("afp_ptb", [row])
         plot()
         print(json.dumps({k: row.get(k) for k in ("name", "test_ppl", "test_ppl_stream", "test_ppl_exact")}),
