@@ -68,8 +68,8 @@ class CompiledSearch:
                        _trie(hot.trie if hot else None))
 
     def frame(self, b: Beams, lp: Tensor, active: int) -> tuple[Beams, Tensor, Tensor]:
-        """As seqlm.decode.search.Search.frame. On numpy views throughout: a frame's few small arrays cost a
-        microsecond each that way, several as tensors (a beam-8 decode's profile showed it)."""
+        """As seqlm.decode.search.Search.frame, on numpy views of the beams and of output buffers reused every
+        frame (the compiled step runs on the CPU only)."""
         t, K, lp = self.t, self.t.cfg.beam_width, lp.contiguous().numpy()
         ints, floats = self._ints(), self._floats()
         pool = t.pool
