@@ -279,7 +279,7 @@ def _time_curve(history: list[dict]) -> list[dict]:
         before = sum(s for e, s in done.items() if e < h["epoch"])
         curve.append({"train_seconds": round(before + h["epoch_seconds"], 1), "epoch": h["epoch"],
                       "partial": bool(h.get("partial")), "valid_ppl": h["valid_ppl"],
-                      **{k: v for k, v in h.items() if k.startswith("log_z")}})
+                      **{k: v for k, v in h.items() if k.startswith("log_z") or k == "valid_mode"}})
         if not h.get("partial"):
             done[h["epoch"]] = h["epoch_seconds"]
     return curve
@@ -424,6 +424,14 @@ def plot(path: Path) -> Path:
     return out
 
 
+def _valid_mode(row: dict) -> str:
+    """", valid in stream mode" for a row validated so (training does since 5a4bc0a, whose rows' configs carry
+    `valid_mode` and their curves the mode used), else "": their figures and the older ones' do not compare."""
+    modes = {p.get("valid_mode") for p in row["time_curve"]}
+    stream = "stream" in modes or (modes == {None} and "valid_mode" in row.get("config", {}).get("train", {}))
+    return ", valid in stream mode" if stream else ""
+
+
 def plot_all(rows: list[dict], out: Path) -> None:
     """sparse_all.png: the full-corpus rows' validation perplexity against training time, all on one plot."""
     import matplotlib.pyplot as plt
@@ -434,15 +442,16 @@ def plot_all(rows: list[dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 6))
     for r in curves:
         c = r["time_curve"]
-        label = (r["name"].removeprefix("gcide-all-") + f" ({r.get('precision', 'fp32')}, {r.get('git_rev', '?')})"
-                 + (" (running)" if r.get("in_progress") else ""))
+        label = (r["name"].removeprefix("gcide-all-") + f" ({r.get('precision', 'fp32')}, {r.get('git_rev', '?')}"
+                 + f"{_valid_mode(r)})" + (" (running)" if r.get("in_progress") else ""))
         ax.plot([p["train_seconds"] / 60 for p in c], [p["valid_ppl"] for p in c], marker="o", label=label)
     kn = next((r for r in rows if r["name"] == "gcide-all-kn5" and "test_ppl" in r), None)
     if kn:
         ax.axhline(kn["test_ppl"], color="gray", linestyle="--", label=f"KN5 (test) {kn['test_ppl']:.1f}")
     # the rows ran at different precisions, revisions, machines and loads: the legend says which;
     # bench/results/output_speed.json compares their speeds in one run
-    ax.set(title="GCIDE, whole corpus: valid perplexity against training time (1 thread, as each row ran)",
+    ax.set(title="GCIDE, whole corpus: valid perplexity against training time (1 thread, as each row ran;\n"
+                 "by sentence unless the legend says stream mode: the two do not compare)",
            xlabel="training minutes (validation excluded)", ylabel="valid perplexity (exact)", yscale="log")
     ax.legend(fontsize=8)
     fig.tight_layout()
