@@ -66,26 +66,31 @@ NCE = ["--objective", "nce", "--noise-samples", "100", "--noise-sharing", "token
 NCE_BATCH = [*NCE[:-1], "batch"]  # one draw of k noise words shared by the whole batch: cheaper, and worse here
 # torch's adaptive softmax tuned as a user would (#44 item 3), on the shortened recipe: cut-offs (frequency
 # ranks), div_value (tail cluster i projects to 200 / div^i dims) and Adam's rate, picked on valid
-ADAPTIVE = {"adaptive": ["--output", "adaptive"],  # the defaults: 2k / 10k / 50k, div 4 (50 / 12 / 3 dims)
-            "adaptive-div2": ["--output", "adaptive", "--div-value", "2"],
-            "adaptive-c2k10k-div2": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "2"],
-            "adaptive-c4k20k-div2": ["--output", "adaptive", "--cutoffs", "4000,20000", "--div-value", "2"],
-            "adaptive-c2k10k-div1": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "1"]}
-ADAPTIVE |= {f"{v}-lr{lr}": [*ADAPTIVE[v], "--lr", lr] for v in ("adaptive-c2k10k-div2", "adaptive-c2k10k-div1")
+
+
+def _adaptive(cutoffs: str = "", div: str = "", lr: str = "", tail_bias: bool = False) -> list[str]:
+    """The flags of an adaptive-output row: the layer's defaults where an argument is left empty."""
+    return ["--output", "adaptive", *(["--cutoffs", cutoffs] if cutoffs else []),
+            *(["--div-value", div] if div else []), *(["--tail-bias", "true"] if tail_bias else []),
+            *(["--lr", lr] if lr else [])]
+
+
+ADAPTIVE = {"adaptive": _adaptive(),  # the defaults: 2k / 10k / 50k, div 4 (50 / 12 / 3 dims)
+            "adaptive-div2": _adaptive(div="2"),
+            "adaptive-c2k10k-div2": _adaptive("2000,10000", "2"),
+            "adaptive-c4k20k-div2": _adaptive("4000,20000", "2"),
+            "adaptive-c2k10k-div1": _adaptive("2000,10000", "1")}
+ADAPTIVE |= {f"adaptive-c2k10k-div{div}-lr{lr}": _adaptive("2000,10000", div, lr) for div in ("2", "1")
              for lr in ("0.001", "0.006")}
 # the rows above ran with torch's layer as it comes (random head biases, no tail biases: 885cfc9); from
 # the next revision the adaptive layer starts from the unigram model as the full one does (head biases), and
 # `--tail-bias` gives each tail word a bias (its log p within its cluster at the start)
-ADAPTIVE |= {"adaptive-unigram": ["--output", "adaptive"],
-             "adaptive-unigram-tailbias": ["--output", "adaptive", "--tail-bias", "true"],
-             "adaptive-div2-tailbias": ["--output", "adaptive", "--div-value", "2", "--tail-bias", "true"],
-             "adaptive-c2k10k-div2-tailbias": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "2",
-                                               "--tail-bias", "true"],
-             "adaptive-c2k10k-div1-tailbias": ["--output", "adaptive", "--cutoffs", "2000,10000", "--div-value", "1",
-                                               "--tail-bias", "true"],
-             "adaptive-c4k20k-div2-tailbias": ["--output", "adaptive", "--cutoffs", "4000,20000", "--div-value", "2",
-                                               "--tail-bias", "true"]}
-ADAPTIVE |= {f"adaptive-c2k10k-div2-tailbias-lr{lr}": [*ADAPTIVE["adaptive-c2k10k-div2-tailbias"], "--lr", lr]
+ADAPTIVE |= {"adaptive-unigram": _adaptive(), "adaptive-unigram-tailbias": _adaptive(tail_bias=True),
+             "adaptive-div2-tailbias": _adaptive(div="2", tail_bias=True)}
+ADAPTIVE |= {f"adaptive-c{name}-div{div}-tailbias": _adaptive(cutoffs, div, tail_bias=True)
+             for name, cutoffs, div in (("2k10k", "2000,10000", "2"), ("2k10k", "2000,10000", "1"),
+                                        ("4k20k", "4000,20000", "2"))}
+ADAPTIVE |= {f"adaptive-c2k10k-div2-tailbias-lr{lr}": _adaptive("2000,10000", "2", lr, tail_bias=True)
              for lr in ("0.001", "0.006")}
 VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "full": [],
@@ -113,7 +118,7 @@ VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
 # the full-corpus recipe: the same encoder, every epoch run (no early stop); output layers users pick today
 ALL_ENCODER = [*ENCODER[:-1], str(ALL_EPOCHS), "--min-improvement", "0"]
 ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias", "codes-cbias-prior")} | {
-    "adaptive": ["--output", "adaptive"],  # torch.nn.AdaptiveLogSoftmaxWithLoss (Grave et al. 2017)
+    "adaptive": VARIANTS["adaptive"],  # torch.nn.AdaptiveLogSoftmaxWithLoss (Grave et al. 2017)
     "class": ["--output", "class"],  # the rnn family's frequency-binned class output, sqrt(V) classes
     # the adaptive variant picked on the shortened recipe's valid split, out of the 17 ADAPTIVE rows tried
     "adaptive-tuned": VARIANTS["adaptive-c2k10k-div2-tailbias-lr0.006"],
@@ -121,9 +126,7 @@ ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias
 }
 ALL_ROWS = ("gcide-all-full", "gcide-all-nce", "gcide-all-nce-zreg", "gcide-all-codes-ibias",
             "gcide-all-codes-cbias-prior", "gcide-all-adaptive", "gcide-all-adaptive-tuned", "gcide-all-full-lr0.006",
-            "gcide-all-class",
-            "gcide-all-kn5",
-            "gcide-all-kn5-allwords")
+            "gcide-all-class", "gcide-all-kn5", "gcide-all-kn5-allwords")
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
 
 

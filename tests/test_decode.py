@@ -475,7 +475,6 @@ def test_leaving_out_labels_by_their_score_bound_changes_nothing(kn3, monkeypatc
         np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-9)
 
 
-
 def test_log_posteriors_read_each_utterance_as_probabilities_or_logits():
     """One batch of probabilities, logits, log posteriors and probabilities that do not sum to 1 (read as logits),
     of different lengths: each utterance as numpy reads it alone, frame-major, in a reused buffer."""
