@@ -477,19 +477,22 @@ def test_leaving_out_labels_by_their_score_bound_changes_nothing(kn3, monkeypatc
 
 def test_log_posteriors_read_each_utterance_as_probabilities_or_logits():
     """One batch of probabilities, logits, log posteriors and probabilities that do not sum to 1 (read as logits),
-    of different lengths: each utterance as numpy reads it alone, frame-major, in a reused buffer."""
+    of different lengths: each utterance as numpy reads it alone, frame-major, in a reused buffer; float32 logits
+    in float32 (within its rounding of the float64 result), the others in float64."""
     from seqlm.decode.decoder import MIN_P, log_posteriors
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(7, 5)) * 3
     probs = np.exp(log_softmax(logits[:4]))
     probs[0, :] = [1.0, 0.0, 0.0, 0.0, 0.0]  # a zero is clipped at MIN_P
-    mats = [logits.astype(np.float32), probs, log_softmax(logits[:6]), np.full((3, 5), 0.1)]
+    mats = [logits.astype(np.float32), probs, log_softmax(logits[:6]), np.full((3, 5), 0.1),
+            probs[1:].astype(np.float32)]
     want = [log_softmax(logits.astype(np.float32).astype(np.float64)), np.log(np.maximum(probs, MIN_P)),
-            log_softmax(log_softmax(logits[:6])), log_softmax(np.full((3, 5), 0.1))]
+            log_softmax(log_softmax(logits[:6])), log_softmax(np.full((3, 5), 0.1)), np.log(probs[1:])]
     buffer = torch.empty(0, dtype=torch.float64)
     for _ in range(2):  # the second batch reuses the first one's buffer
         buffer, lp = log_posteriors(mats, buffer)
-        assert lp.shape == (7, 4, 5)
+        assert lp.shape == (7, 5, 5)
         for i, w in enumerate(want):
-            np.testing.assert_allclose(lp[: len(w), i].numpy(), np.maximum(w, math.log(MIN_P)), rtol=0, atol=1e-12)
+            tol = 1e-6 if mats[i].dtype == np.float32 else 1e-12
+            np.testing.assert_allclose(lp[: len(w), i].numpy(), np.maximum(w, math.log(MIN_P)), rtol=0, atol=tol)
