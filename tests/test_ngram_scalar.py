@@ -158,3 +158,34 @@ def test_score_corpus_on_text_equals_sentence_by_sentence() -> None:
         assert got.log10_prob.tolist() == [p for p, _, _ in want]
         assert got.length.tolist() == [n for _, n, _ in want] and got.oov.tolist() == [o for _, _, o in want]
         assert len(got.starts) == len(sentences) + 1
+
+
+def test_entry_table_runs_past_the_home_slots(tmp_path) -> None:
+    """Bigrams chosen so that most are homed in the entry table's last slots (its hash, entry_home in
+    _scorer.h, computed here): their run overflows the 64-slot tail, the table is built again with a longer
+    one, and every listed and unlisted pair still scores as score_word (probes stop early on a run in home
+    order)."""
+    if extension() is None:
+        pytest.skip("the compiled scorer did not build")
+    words = [f"w{i}" for i in range(60)]
+    V, n = len(words) + 3, 100  # <unk> <s> </s> come first (ids 0-2), as listed
+    homes = 1 + n + n // 2  # the home slots of n bigrams
+
+    def home(key: int) -> int:
+        return ((key * 0x9E3779B97F4A7C15) % 2**64) * homes >> 64
+
+    pairs = [(c, w) for c in range(3, V) for w in range(3, V)]
+    late = [p for p in pairs if home(p[0] * V + p[1]) >= homes - 10][:90]
+    chosen = late + [p for p in pairs if p not in late][: n - len(late)]
+    assert len(late) == 90
+    unigrams = ["-1.5\t<unk>\t0", "-99\t<s>\t-0.3", "-1.2\t</s>\t0"] + [f"-1.6\t{w}\t-0.2" for w in words]
+    bigrams = [f"-0.5\tw{c - 3} w{w - 3}" for c, w in chosen]
+    (tmp_path / "m.arpa").write_text(f"\\data\\\nngram 1={len(unigrams)}\nngram 2={n}\n\n\\1-grams:\n"
+                                     + "\n".join(unigrams) + "\n\n\\2-grams:\n" + "\n".join(bigrams) + "\n\n\\end\\\n")
+    model = NGramModel.from_arpa(tmp_path / "m.arpa")
+    assert model.vocab.itos[3] == "w0" and len(model.keys[1]) == n
+    scorer = scalar_scorer(model, model.vocab.stoi, model.vocab.unk_id)
+    assert scorer.entry_bytes() == 16 * (homes + 4 * 64) + 4 * V  # the tail grown once (x4), the back-offs
+    for c in range(V):
+        for w in range(V):
+            assert scorer.score((c,), w) == model.score_word((c,), w)
