@@ -150,6 +150,7 @@ def test_score_corpus_on_text_equals_sentence_by_sentence() -> None:
     lines = (ORACLE / "query.txt").read_text().splitlines()[:80]
     odd = [" the\u3000 cat\tsat\x0b ", "no-such-word <unk> \u00a0the", "\u00e9t\u00e9 \u2028 mi\u00df"]
     for sentences in (lines + odd, lines + ["", "  "], lines + ["a\nb"], [ln.split() for ln in lines[:5]],
+                      lines[:3] + [lines[3].split()],  # text, then a word list: all in Python
                       iter(lines[:7]), []):
         sentences = list(sentences)
         got = query.score_corpus(iter(sentences))
