@@ -123,9 +123,12 @@ ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias
     # the adaptive variant picked on the shortened recipe's valid split, out of the 17 ADAPTIVE rows tried
     "adaptive-tuned": VARIANTS["adaptive-c2k10k-div2-tailbias-lr0.006"],
     "full-lr0.006": ["--lr", "0.006"],  # (a) at the adaptive row's rate: equal terms for the rate too
+    # and the tuned layer at the recipe's rate, 0.003, as (a) ran: each layer at both rates
+    "adaptive-tuned-lr0.003": VARIANTS["adaptive-c2k10k-div2-tailbias"],
 }
 ALL_ROWS = ("gcide-all-full", "gcide-all-nce", "gcide-all-nce-zreg", "gcide-all-codes-ibias",
             "gcide-all-codes-cbias-prior", "gcide-all-adaptive", "gcide-all-adaptive-tuned", "gcide-all-full-lr0.006",
+            "gcide-all-adaptive-tuned-lr0.003",
             "gcide-all-class", "gcide-all-kn5", "gcide-all-kn5-allwords")
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
 
