@@ -125,10 +125,12 @@ ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias
     "full-lr0.006": ["--lr", "0.006"],  # (a) at the adaptive row's rate: equal terms for the rate too
     # and the tuned layer at the recipe's rate, 0.003, as (a) ran: each layer at both rates
     "adaptive-tuned-lr0.003": VARIANTS["adaptive-c2k10k-div2-tailbias"],
+    # (e) over twice the base words (the paper's B is a choice; 8,000 here so far): {codes:B} names the codes
+    "codes-ibias-b16k": ["--codes", "{codes:16000}", *VARIANTS["codes-ibias"][2:]],
 }
 ALL_ROWS = ("gcide-all-full", "gcide-all-nce", "gcide-all-nce-zreg", "gcide-all-codes-ibias",
             "gcide-all-codes-cbias-prior", "gcide-all-adaptive", "gcide-all-adaptive-tuned", "gcide-all-full-lr0.006",
-            "gcide-all-adaptive-tuned-lr0.003",
+            "gcide-all-adaptive-tuned-lr0.003", "gcide-all-codes-ibias-b16k",
             "gcide-all-class", "gcide-all-kn5", "gcide-all-kn5-allwords")
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
 
@@ -191,18 +193,21 @@ def _seqlm(*argv: str) -> tuple[str, float, float]:
     return proc.stdout, time.time() - t, int(kb) / 1024
 
 
-def _codes(corpus: str, root: Path, threads: int, work: Path | None = None) -> tuple[Path, dict]:
-    """Skip-gram vectors of the whole training split, then sparse codes over the B most frequent words."""
+def _codes(corpus: str, root: Path, threads: int, work: Path | None = None, base: int = 0) -> tuple[Path, dict]:
+    """Skip-gram vectors of the whole training split, then sparse codes over the B most frequent words (`base`;
+    0: the corpus's B in CORPORA)."""
     work = work or WORK
     work.mkdir(parents=True, exist_ok=True)
-    vec, codes = work / f"{corpus}-vectors.txt", work / f"{corpus}-codes.txt"
+    base = base or CORPORA[corpus]["base"]
+    suffix = "" if base == CORPORA[corpus]["base"] else f"-b{base}"
+    vec, codes = work / f"{corpus}-vectors.txt", work / f"{corpus}-codes{suffix}.txt"
     info = {}
     if not vec.exists():
         out, secs, _ = _seqlm("embed", str(split_path(root, "train")), "--out", str(vec), "--dim", "200",
                               "--min-count", str(CORPORA[corpus]["min_count"]), "--threads", str(threads))
         info["embed"] = {**json.loads(out), "wall_seconds": round(secs, 1)}
     if not codes.exists():
-        _, secs, _ = _seqlm("sparse-codes", str(vec), "--base", str(CORPORA[corpus]["base"]), "--out", str(codes),
+        _, secs, _ = _seqlm("sparse-codes", str(vec), "--base", str(base), "--out", str(codes),
                             "--threads", str(threads), "--steps", "300",
                             "--show", "algorithms,secrets,debates,companies,prices")
         info["codes_wall_seconds"] = round(secs, 1)
@@ -383,9 +388,11 @@ def run_all_row(name: str, variant: str, args) -> dict:
     extra = {"recipe": f"{ALL_EPOCHS} epochs over the whole training split; valid/test: the whole splits",
              "objective_note": "train_ppl of NCE rows is exp(NCE loss)"}
     flags = list(ALL_ENCODER) + list(ALL_VARIANTS[variant])
-    if "{codes}" in flags:
-        codes, info = _codes("gcide", resolve_corpus("gcide"), args.threads, ALL_WORK)
-        flags = [str(codes) if f == "{codes}" else f for f in flags]
+    wanted = [f for f in flags if f.startswith("{codes")]  # {codes}, or {codes:B} for B base words
+    if wanted:
+        base = int(wanted[0].strip("{}").partition(":")[2] or 0)
+        codes, info = _codes("gcide", resolve_corpus("gcide"), args.threads, ALL_WORK, base)
+        flags = [str(codes) if f == wanted[0] else f for f in flags]
         # the vectors are trained on the training split alone: the same text the LSTM trains on
         extra.update(info, codes_train_tokens=int(len(_all_data("gcide")[3].ids)))
     return run_all_lstm(name, "gcide", flags, args, extra)
