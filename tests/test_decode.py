@@ -496,3 +496,7 @@ def test_log_posteriors_read_each_utterance_as_probabilities_or_logits():
         for i, w in enumerate(want):
             tol = 1e-6 if mats[i].dtype == np.float32 else 1e-12
             np.testing.assert_allclose(lp[: len(w), i].numpy(), np.maximum(w, math.log(MIN_P)), rtol=0, atol=tol)
+    # an utterance without frames (the API lets one through; `seqlm decode` refuses it) last in its dtype's group
+    buffer, lp = log_posteriors([mats[0], np.zeros((0, 5), np.float32), mats[2], np.zeros((0, 5))], buffer)
+    assert lp.shape == (7, 4, 5)
+    np.testing.assert_allclose(lp[:6, 2].numpy(), np.maximum(want[2], math.log(MIN_P)), rtol=0, atol=1e-12)

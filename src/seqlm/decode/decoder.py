@@ -259,7 +259,9 @@ def _normalised(x: Tensor, lengths: Tensor) -> Tensor:
     through log_softmax; then clipped at ln 1e-15, as pyctcdecode does. An utterance whose first row fails the
     range test is not probabilities (logits and log posteriors fail it there): only the others are read whole."""
     G = len(lengths)
-    starts = torch.cumsum(lengths, 0) - lengths  # (G,)
+    if len(x) == 0:
+        return x
+    starts = (torch.cumsum(lengths, 0) - lengths).clamp(max=len(x) - 1)  # (G,) (an empty utterance's: any row)
     lo, hi = torch.aminmax(x[starts], dim=1)  # (G,)
     probs = (lo >= 0) & (hi <= 1)  # (G,) still possibly probabilities
     if bool(probs.any()):
