@@ -217,6 +217,17 @@ def _codes(corpus: str, root: Path, threads: int, work: Path | None = None, base
                                              "relative_fit_error", "samples", "options")}}
 
 
+def _with_codes(flags: list[str], corpus: str, threads: int, work: Path) -> tuple[list[str], dict]:
+    """A variant's flags with its codes placeholder ({codes}, or {codes:B} for B base words) replaced by the codes
+    file, built first if need be (_codes), and what building them reported; unchanged flags and {} without one."""
+    wanted = [f for f in flags if f.startswith("{codes")]
+    if not wanted:
+        return flags, {}
+    base = int(wanted[0].strip("{}").partition(":")[2] or 0)
+    codes, info = _codes(corpus, resolve_corpus(corpus), threads, work, base)
+    return [str(codes) if f == wanted[0] else f for f in flags], info
+
+
 def _dir_bytes(d: Path) -> int:
     return sum(f.stat().st_size for f in d.iterdir() if f.is_file())
 
@@ -370,10 +381,8 @@ def run_row(name: str, args) -> dict:
     extra = {"recipe": f"1 epoch over the first {TRAIN_TOKENS[corpus]} training tokens; valid/test: the first "
                        f"{EVAL_TOKENS} tokens", "objective_note": "train_ppl of NCE rows is exp(NCE loss)"}
     flags = list(ENCODER) + list(VARIANTS[variant])
-    if "{codes}" in flags:
-        codes, info = _codes(corpus, resolve_corpus(corpus), args.threads)
-        flags = [str(codes) if f == "{codes}" else f for f in flags]
-        extra.update(info)
+    flags, info = _with_codes(flags, corpus, args.threads, WORK)
+    extra.update(info)
     return run_lstm(name, corpus, flags, args, extra)
 
 
@@ -388,12 +397,8 @@ def run_all_row(name: str, variant: str, args) -> dict:
     extra = {"recipe": f"{ALL_EPOCHS} epochs over the whole training split; valid/test: the whole splits",
              "objective_note": "train_ppl of NCE rows is exp(NCE loss)"}
     flags = list(ALL_ENCODER) + list(ALL_VARIANTS[variant])
-    wanted = [f for f in flags if f.startswith("{codes")]  # {codes}, or {codes:B} for B base words
-    if wanted:
-        base = int(wanted[0].strip("{}").partition(":")[2] or 0)
-        codes, info = _codes("gcide", resolve_corpus("gcide"), args.threads, ALL_WORK, base)
-        flags = [str(codes) if f == wanted[0] else f for f in flags]
-        # the vectors are trained on the training split alone: the same text the LSTM trains on
+    flags, info = _with_codes(flags, "gcide", args.threads, ALL_WORK)
+    if info:  # the vectors are trained on the training split alone: the same text the LSTM trains on
         extra.update(info, codes_train_tokens=int(len(_all_data("gcide")[3].ids)))
     return run_all_lstm(name, "gcide", flags, args, extra)
 
