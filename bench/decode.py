@@ -25,6 +25,8 @@ Rows, at beam widths B = 8 and 32:
 - seqlm-lstm-bB: `seqlm decode` with an LSTM 2 x 200 on PTB words (bench/units.py's lstm-word row: 10 minutes
   of training, trained by that row's code when missing); seqlm-lstm+kn5-bB: that LSTM and the KN5 interpolated
   (`seqlm interpolate`, weights by EM on PTB valid), both through the decoder's batched `advance`;
+  seqlm-lstmc-bB, seqlm-lstmc+kn5-bB: the same with bench/units.py's lstm-word-class (the same LSTM and
+  budget, a class-factorised output: the words the beams end are scored from the states, `advance_targets`);
 - -hot200 rows (beam 32): the same decoders boosting 200 hotwords, the rarest words of the test transcripts by
   PTB train count, at pyctcdecode's default weight 10 (`hotwords_recalled`, in every row: how many of those
   words' occurrences the transcripts hold).
@@ -63,6 +65,9 @@ PEAK, NOISE, SEED = 5.0, 1.2, 0
 ALPHAS, BETAS = (0.2, 0.35, 0.5, 0.7), (-1.0, 0.0, 1.0, 2.0)
 LN10 = math.log(10)
 TIMED_RUNS, TIMED_SECONDS = 3, 60.0  # test decoded up to 3 times while under a minute was spent: best kept
+# the LSTMs of the seqlm-lstm* rows: bench/units.py's rows (seqlm-lstmc-bB: the class-factorised output, scored
+# word by word from its state: nn/readout.py)
+LSTMS = {"lstm": "lstm-word", "lstmc": "lstm-word-class"}
 HOTWORDS, HOT_WEIGHT = 200, 10.0  # -hot200 rows: the rarest test words (rare_words), pyctcdecode's default weight
 
 
@@ -96,23 +101,24 @@ def trained(name: str, argv: list[str]) -> Path:
     return out
 
 
-def lstm_model() -> Path:
-    """bench/units.py's lstm-word model (LSTM 2 x 200 on PTB words, 10 minutes of training), trained by that row's
-    own code where it is missing (`python bench/units.py --rows lstm-word` writes its row)."""
-    work = CHECKPOINTS / "units" / "lstm-word"
+def lstm_model(name: str = "lstm-word") -> Path:
+    """bench/units.py's LSTM row `name` (LSTM 2 x 200 on PTB words, 10 minutes of training; lstm-word-class: with
+    a class-factorised output), trained by that row's own code where it is missing (`python bench/units.py --rows
+    NAME` writes its row)."""
+    work = CHECKPOINTS / "units" / name
     if not (work / "trained.json").is_file():
         import units
 
         work.mkdir(parents=True, exist_ok=True)
         cache = os.environ.get("SEQLM_CACHE")
-        units.bench_row("lstm-word", ptb_dir(), work, None)
+        units.bench_row(name, ptb_dir(), work, None)
         os.environ.pop("SEQLM_CACHE") if cache is None else os.environ.update(SEQLM_CACHE=cache)
     return work / "model"
 
 
-def mixture(lstm: Path, kn5: Path) -> Path:
+def mixture(lstm: Path, kn5: Path, name: str = "lstm+kn5") -> Path:
     """The LSTM and KN5 interpolated, weights by EM on PTB valid (`seqlm interpolate`)."""
-    out = WORK / "lstm+kn5"
+    out = WORK / name
     if not (out / "config.json").is_file():
         assert seqlm_main(["interpolate", str(lstm), str(kn5), "--data", str(ptb_dir()), "--split", "valid",
                            "--out", str(out)]) == 0
@@ -294,8 +300,8 @@ def plot(rows: list[dict]) -> Path:
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
     kinds = ("decode-greedy", "pyctcdecode", "seqlm-kn5", "seqlm-char6", "flashlight-lexicon", "flashlight-lexfree",
-             "seqlm-lstm+kn5", "seqlm-lstm")
-    marks = dict(zip(kinds, "o^sDvPX*", strict=True))
+             "seqlm-lstmc+kn5", "seqlm-lstmc", "seqlm-lstm+kn5", "seqlm-lstm")
+    marks = dict(zip(kinds, "o^sDvPhpX*", strict=True))
     for r in rows:
         mark = next(m for k, m in marks.items() if r["name"].startswith(k))
         ax.scatter(r["ms_per_utterance"], 100 * r["wer"], marker=mark, s=50, label=r["name"])
@@ -316,7 +322,7 @@ def main() -> None:
     systems = ("pyctcdecode-kn5", "seqlm-kn5", "flashlight-lexicon-kn5", "flashlight-lexfree-char6", "seqlm-char6")
     names = ["decode-greedy"] + [f"{s}-b{b}" for b in beams for s in systems]
     names.append("seqlm-kn5-b32-batch1")
-    names += [f"seqlm-{lm}-b{b}" for b in beams for lm in ("lstm", "lstm+kn5")]
+    names += [f"seqlm-{lm}-b{b}" for b in beams for lm in ("lstm", "lstm+kn5", "lstmc", "lstmc+kn5")]
     names += [f"{s}-b32-hot{HOTWORDS}" for s in ("pyctcdecode-kn5", "seqlm-kn5", "seqlm-lstm+kn5")]
     p = row_parser(__doc__, ",".join(names), "fp32")
     p.add_argument("--utterances", type=int, default=200)
@@ -330,9 +336,10 @@ def main() -> None:
     device = resolve_device(args.device)  # seqlm's rows decode there (the peers stay on the CPU)
     load = wait_for_quiet(args.max_load, 30)
     models = {"kn5": trained("kn5", ["--order", "5"]), "char6": trained("char6", ["--order", "6", "--unit", "char"])}
-    if any("lstm" in row for row in args.rows.split(",")):
-        models["lstm"] = lstm_model()
-        models["lstm+kn5"] = mixture(models["lstm"], models["kn5"])
+    for lm, units_row in LSTMS.items():
+        if any(row.startswith(f"seqlm-{lm}-") or row.startswith(f"seqlm-{lm}+") for row in args.rows.split(",")):
+            models[lm] = lstm_model(units_row)
+            models[f"{lm}+kn5"] = mixture(models[lm], models["kn5"], f"{lm}+kn5")
     unigrams = [w for w in seqlm.load(models["kn5"]).vocab.itos if w not in ("<s>", "</s>")]
     labels = ["", " ", *sorted({c for w in unigrams for c in w} - {" "})]
     test = utterances("test.txt", args.utterances, labels, SEED)
@@ -360,8 +367,10 @@ def main() -> None:
             if row.endswith("-hot200"):
                 result.update(hotwords=len(hotwords), hotword_weight=HOT_WEIGHT)
             if "lstm" in row:
-                result["lm"] = {"lstm": "bench/units.py's lstm-word (bench/checkpoints/units/lstm-word)",
-                                "lstm+kn5": "seqlm interpolate lstm kn5 (EM on PTB valid)"}[row.split("-")[1]]
+                lm = row.split("-")[1]
+                lstm = LSTMS[lm.removesuffix("+kn5")]
+                result["lm"] = (f"seqlm interpolate {lstm} kn5 (EM on PTB valid)" if lm.endswith("+kn5") else
+                                f"bench/units.py's {lstm} (bench/checkpoints/units/{lstm})")
         result["hotwords_recalled"] = recalled(result["hyps"], test[1], hotwords)  # every row: the baseline too
         done[row] = result
         peer = done.get(row.replace("seqlm", "pyctcdecode").removesuffix("-batch1"))

@@ -49,6 +49,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name: (family, `seqlm train` o
     "transformer": ("transformer", [*TRANSFORMER, "--context", "6", "--batch-size", "4", "--seq-len", "12"]),
     "afp": ("afp", ["--iterations", "2", "--hidden", "16", "--batch-size", "4", "--seq-len", "8"]),
     "lstm": ("lstm", ["--hidden", "16", "--layers", "2", "--batch-size", "4", "--seq-len", "8"]),
+    "lstm-class": ("lstm", ["--hidden", "16", "--layers", "2", "--output", "class", "--batch-size", "4",
+                            "--seq-len", "8"]),  # sparse_targets: read from the state (nn/readout.py)
     "lstm-nce": ("lstm", ["--hidden", "16", "--layers", "1", "--objective", "nce", "--noise-samples", "4",
                           "--batch-size", "4", "--seq-len", "8"]),
     "dae": ("dae", [*DAE, "--peek", "false"]),  # the equal-capacity baseline: an ordinary LM

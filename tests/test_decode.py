@@ -449,6 +449,42 @@ def test_a_sparse_pool_scores_what_the_pools_rows_score(kn3, monkeypatch):
         np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["lstm", "rnn"])
+def test_a_class_output_model_is_scored_word_by_word_from_its_state(kn3, monkeypatch, name):
+    """A recurrent model with a class-factorised output declares sparse_targets (nn/readout.py): the pool asks
+    advance_targets for the words the beams end, read from the states, never a (V,) row; the same decode with
+    whole rows (the declaration turned off) gives the same n-best, the scores to float32 rounding."""
+    from dataclasses import replace
+
+    from seqlm.config import apply_overrides
+    from seqlm.registry import family, new_model
+
+    vocab = kn3[1].vocab
+    cfg = family(name).config()
+    apply_overrides([cfg], {"hidden": 16, "output": "class", "classes": 5})
+    model = new_model(name, cfg, vocab).eval()
+    assert model.capabilities().sparse_targets
+    _, _, _, labels, mats, _ = kn3
+    decode_cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, batch_size=7, prune_history=False)
+    tables, advance = [], type(model).advance
+
+    def counted(self, prefixes):
+        tables.append(1)
+        return advance(self, prefixes)
+
+    monkeypatch.setattr(type(model), "advance", counted)
+    sparse = CTCDecoder(resolve(labels), model, decode_cfg).decode(mats)
+    assert not tables
+    caps = model.capabilities()
+    monkeypatch.setattr(type(model), "capabilities", lambda self: replace(caps, sparse_targets=False))
+    rows = CTCDecoder(resolve(labels), model, decode_cfg).decode(mats)
+    assert len(tables) > 10
+    for a, b in zip(sparse, rows, strict=True):
+        assert [h.text for h in a] == [h.text for h in b]
+        np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], rtol=0, atol=1e-4)
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("setup", ["word-lm", "pieces", "hotwords", "heavy-hotwords"])
 def test_leaving_out_labels_by_their_score_bound_changes_nothing(kn3, monkeypatch, setup):
     """The search skips candidates whose best reachable score is below what is sure to be pruned

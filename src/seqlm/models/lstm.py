@@ -22,6 +22,7 @@ from seqlm.config import TrainConfig, choice, dropout_rate, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.models.rnn import rnn_batches
+from seqlm.nn.readout import StateReadout
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
 from seqlm.protocol import Batch, Capabilities, LMBase
 
@@ -82,7 +83,7 @@ class TiedEmbedding(nn.Module):
         return F.embedding(ids, self._proj[0].weight)  # (..., H)
 
 
-class LSTMLM(LMBase, nn.Module):
+class LSTMLM(StateReadout, LMBase, nn.Module):
     def __init__(self, vocab: Vocab, embed: int, hidden: int, layers: int, dropout: float, tied: bool,
                  output: str, classes: int, cutoffs: str, div_value: float, tail_bias: bool,
                  sentence_independent: bool, vocab_layers: VocabLayerConfig):
@@ -104,7 +105,8 @@ class LSTMLM(LMBase, nn.Module):
 
     def capabilities(self) -> Capabilities:
         # a model trained to restart at every sentence never learnt to use a carried state
-        return Capabilities(stream=not self.sentence_independent, dynamic=True, quantizable=True)
+        return Capabilities(stream=not self.sentence_independent, dynamic=True, quantizable=True,
+                            sparse_targets=self.reads_targets())
 
     def initial_state(self, batch_size: int) -> State:
         w = self.lstm.weight_hh_l0
@@ -162,9 +164,15 @@ class LSTMLM(LMBase, nn.Module):
         return logp, state
 
     def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State]:
-        x = self.embedding(tokens).unsqueeze(1)  # (B, 1, E)
-        h, state = self.lstm(x, state)  # (B, 1, H)
-        return self.out.log_probs(h[:, 0]), state  # (B, V)
+        state = self.recur(tokens, state)
+        return self.out.log_probs(self.readout(state)), state  # (B, V)
+
+    def recur(self, tokens: Tensor, state: State) -> State:
+        """The state after reading tokens (B,), the output layer not computed (nn/readout.py)."""
+        return self.lstm(self.embedding(tokens).unsqueeze(1), state)[1]  # ((L, B, H), (L, B, H))
+
+    def readout(self, state: State) -> Tensor:
+        return state[0][-1]  # (B, H) the top layer's last output: what the output layer reads
 
 
 def build_lstm(cfg: LSTMConfig, vocab: Vocab) -> LSTMLM:

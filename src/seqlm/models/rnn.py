@@ -32,6 +32,7 @@ from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.nn.elman import Elman
+from seqlm.nn.readout import StateReadout
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
 from seqlm.protocol import Batch, Capabilities, LMBase
 
@@ -70,7 +71,7 @@ class RNNConfig:
             raise SeqlmError(f"--classes must be 0 (sqrt of the vocabulary) or positive, got {self.classes}")
 
 
-class RNNLM(LMBase, nn.Module):
+class RNNLM(StateReadout, LMBase, nn.Module):
     def __init__(self, vocab: Vocab, hidden: int, embed: int, activation: str, output: str, classes: int,
                  tau: int, sentence_independent: bool, dropout: float = 0.0,
                  vocab_layers: VocabLayerConfig | None = None, truncation: str = "exact"):
@@ -88,7 +89,8 @@ class RNNLM(LMBase, nn.Module):
 
     def capabilities(self) -> Capabilities:
         # a model trained to restart at every sentence never learnt to use a carried state
-        return Capabilities(stream=not self.sentence_independent, dynamic=True, quantizable=True)
+        return Capabilities(stream=not self.sentence_independent, dynamic=True, quantizable=True,
+                            sparse_targets=self.reads_targets())
 
     def forward(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         """(log-probs (B, T), next state). Training on a stream (autograd on, tau > 1), the state passed
@@ -138,8 +140,15 @@ class RNNLM(LMBase, nn.Module):
         return self.rnn.initial_state(batch_size, next(self.parameters()).device)
 
     def step(self, tokens: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        _, state = self.rnn(self.embedding(tokens).unsqueeze(1), state)  # (B, H)
+        state = self.recur(tokens, state)  # (B, H)
         return self.out.log_probs(state), state
+
+    def recur(self, tokens: Tensor, state: Tensor) -> Tensor:
+        """s(t) after reading tokens (B,), the output layer not computed (nn/readout.py)."""
+        return self.rnn(self.embedding(tokens).unsqueeze(1), state)[1]  # (B, H)
+
+    def readout(self, state: Tensor) -> Tensor:
+        return state  # (B, H) s(t) is what the output layer reads
 
 
 def rnn_batches(cfg: RNNConfig, vocab: Vocab):
