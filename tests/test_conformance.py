@@ -347,7 +347,7 @@ def test_a_declared_finite_context_or_window_bounds_what_the_model_reads(zoo, na
 
 @pytest.mark.parametrize("name", ORDINARY)
 def test_advance_targets_are_advances_entries_and_sparse_ones_read_no_table(zoo, name, monkeypatch):
-    """advance_targets(prefixes, rows, targets) is advance(prefixes)[rows, targets]; a model declaring
+    """advance_targets(prefixes, rows, targets) is advance(prefixes)[rows, targets] (to float32 rounding); a model declaring
     sparse_targets answers without computing the (B, V) table."""
     from seqlm.protocol import begin
 
@@ -366,7 +366,7 @@ def test_advance_targets_are_advances_entries_and_sparse_ones_read_no_table(zoo,
             monkeypatch.setattr(type(model), "advance", lambda *a: pytest.fail("a sparse model computed the table"))
         got = model.advance_targets(prefixes, rows, targets)
     assert got.shape == (6,)
-    torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=1e-9)
+    torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=1e-5)  # float32, summed another way
 
 
 @pytest.mark.parametrize("name", ORDINARY)

@@ -87,6 +87,19 @@ def test_class_softmax_normalised_and_targets(num_classes: int) -> None:
     torch.testing.assert_close(tlp, lp.gather(1, targets[:, None]).squeeze(1), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_classes", [1, 7, 60])
+def test_class_softmax_pair_log_probs_are_the_tables_entries(num_classes: int) -> None:
+    """A decoder's (row, word) pairs, rows and classes repeated, one-word classes among them (60 classes of 60
+    words): each entry equals the row's log_probs table's, in float64 to rounding."""
+    layer = make_class_softmax(num_classes=num_classes).double()
+    h = torch.randn(9, 16, dtype=torch.float64) * 3  # (B, H)
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randint(0, 9, (50,), generator=g)  # (N,) some rows never asked, others many times
+    targets = torch.cat([torch.randint(0, 60, (45,), generator=g), torch.tensor([0, 0, 1, 59, 59])])  # (N,)
+    got = layer.pair_log_probs(h, rows, targets)  # (N,)
+    torch.testing.assert_close(got, layer.log_probs(h)[rows, targets], atol=1e-12, rtol=0)
+
+
 def test_class_softmax_log_probs_is_class_factorised() -> None:
     """log P(w|h) = log P(c(w)|h) + log P(w|c(w),h), checked from the raw parameters in word-id order."""
     layer = make_class_softmax().double()

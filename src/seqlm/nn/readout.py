@@ -49,4 +49,4 @@ class StateReadout:
         if not self.reads_targets():
             return super().advance_targets(prefixes, rows, targets)  # type: ignore[misc]
         h = self.readout(prefixes.state)  # (B, H)
-        return self.out.target_log_probs(h[rows.to(h.device)], targets.to(h.device))  # (N,)
+        return self.out.pair_log_probs(h, rows.to(h.device), targets.to(h.device))  # (N,)

@@ -66,6 +66,10 @@ class FullSoftmax(nn.Module):
     def log_probs(self, h: Tensor) -> Tensor:
         return F.log_softmax(self._logits(h), dim=-1)  # (N, V)
 
+    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
+        """(N,) log P(targets[i] | h[rows[i]]), h (B, H)."""
+        return self.target_log_probs(h[rows], targets)
+
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
         if self.nce is not None:
             return self.nce.loss(self.proj, h, targets)  # (N,)
@@ -156,11 +160,13 @@ class ClassSoftmax(nn.Module):
         # python copy of the class sizes: the forward splits the weights with it without device syncs;
         # refreshed after load_state_dict, which may bring other class buffers
         self._class_sizes: list[int] = sizes.tolist()
+        self._class_starts: list[int] = (class_end - sizes).tolist()
         self.register_load_state_dict_post_hook(ClassSoftmax._refresh_class_sizes)
 
     @staticmethod
     def _refresh_class_sizes(module: ClassSoftmax, incompatible_keys: object) -> None:
         module._class_sizes = (module.class_end - module.class_start).tolist()
+        module._class_starts = module.class_start.tolist()
 
     def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
         """log P(c(w)|h) + log P(w|c(w),h) for each (h, target) pair; exact and differentiable."""
@@ -191,6 +197,31 @@ class ClassSoftmax(nn.Module):
         # undo the grouping: position order[i] receives the i-th grouped result
         word_lp = word_lp_sorted.new_empty(n).scatter(0, order, word_lp_sorted)  # (N,)
         return class_lp + word_lp
+
+    @torch.no_grad()
+    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
+        """(N,) log P(targets[i] | h[rows[i]]) for a decoder's (history, word) pairs, h (B, H): each distinct row's
+        class distribution once, each distinct (row, class)'s within-class normaliser once (a matmul a class
+        asked for), each target's own logit a dot product. A few words per history: no (B, V) table."""
+        urows, r = torch.unique(rows, return_inverse=True)  # (R,), (N,)
+        hu, R = h[urows], len(urows)  # (R, H)
+        cls = self.word_class[targets]  # (N,)
+        class_lp = torch.log_softmax(_upcast(self.class_proj(hu)), 1)[r, cls]  # (N,)
+        pairs, p = torch.unique(cls * R + r, return_inverse=True)  # (P,) by class, then row; (N,)
+        pair_class, pair_row = pairs // R, pairs % R  # (P,), (P,)
+        asked = torch.bincount(pair_class, minlength=self.num_classes)  # (C,)
+        norm = class_lp.new_zeros(len(pairs))  # (P,) log sum_{w in c} exp(logit w); 0 for one-word classes
+        w, b, first = self.word_proj.weight, self.word_proj.bias, 0
+        for c, n in zip(asked.nonzero().squeeze(1).tolist(), asked[asked > 0].tolist(), strict=True):
+            words = slice(self._class_starts[c], self._class_starts[c] + self._class_sizes[c])
+            if self._class_sizes[c] > 1:
+                logits = F.linear(hu[pair_row[first:first + n]], w[words], b[words])  # (n, |c|)
+                norm[first:first + n] = torch.logsumexp(_upcast(logits), 1)
+            first += n
+        at = self.word_to_row[targets]  # (N,) the targets' weight rows
+        logit = torch.einsum("nh,nh->n", hu[r], w[at]) + b[at]  # (N,)
+        word_lp = torch.where(self.class_end[cls] - self.class_start[cls] > 1, _upcast(logit) - norm[p], 0.0)
+        return class_lp + word_lp  # (N,)
 
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
         """(N,) training losses; with gradients on, fused (nn/cross_entropy.py ClassCrossEntropy)."""
@@ -277,6 +308,10 @@ class AdaptiveSoftmax(nn.Module):
 
     def log_probs(self, h: Tensor) -> Tensor:
         return self.asm.log_prob(_upcast(h))[:, self.word_to_rank]  # (N, V) in word-id order
+
+    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
+        """(N,) log P(targets[i] | h[rows[i]]), h (B, H)."""
+        return self.target_log_probs(h[rows], targets)
 
 
 @dataclass
