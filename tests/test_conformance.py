@@ -347,8 +347,8 @@ def test_a_declared_finite_context_or_window_bounds_what_the_model_reads(zoo, na
 
 @pytest.mark.parametrize("name", ORDINARY)
 def test_advance_targets_are_advances_entries_and_sparse_ones_read_no_table(zoo, name, monkeypatch):
-    """advance_targets(prefixes, rows, targets) is advance(prefixes)[rows, targets] (to float32 rounding); a model declaring
-    sparse_targets answers without computing the (B, V) table."""
+    """advance_targets(prefixes, rows, targets) is advance(prefixes)[rows, targets] (to float32 rounding); a
+    model declaring sparse_targets answers without computing the (B, V) table."""
     from seqlm.protocol import begin
 
     model = zoo.model(name)
