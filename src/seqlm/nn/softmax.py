@@ -211,12 +211,13 @@ class ClassSoftmax(nn.Module):
         pair_class, pair_row = pairs // R, pairs % R  # (P,), (P,)
         asked = torch.bincount(pair_class, minlength=self.num_classes)  # (C,)
         norm = class_lp.new_zeros(len(pairs))  # (P,) log sum_{w in c} exp(logit w); 0 for one-word classes
+        hp = hu[pair_row]  # (P, H) grouped by class: each class's rows a slice (two ops a class below)
         w, b, first = self.word_proj.weight, self.word_proj.bias, 0
         for c, n in zip(asked.nonzero().squeeze(1).tolist(), asked[asked > 0].tolist(), strict=True):
             words = slice(self._class_starts[c], self._class_starts[c] + self._class_sizes[c])
             if self._class_sizes[c] > 1:
-                logits = F.linear(hu[pair_row[first:first + n]], w[words], b[words])  # (n, |c|)
-                norm[first:first + n] = torch.logsumexp(_upcast(logits), 1)
+                logits = F.linear(hp[first:first + n], w[words], b[words])  # (n, |c|)
+                torch.logsumexp(_upcast(logits), 1, out=norm[first:first + n])
             first += n
         at = self.word_to_row[targets]  # (N,) the targets' weight rows
         logit = torch.einsum("nh,nh->n", hu[r], w[at]) + b[at]  # (N,)
