@@ -51,6 +51,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name: (family, `seqlm train` o
     "lstm": ("lstm", ["--hidden", "16", "--layers", "2", "--batch-size", "4", "--seq-len", "8"]),
     "lstm-class": ("lstm", ["--hidden", "16", "--layers", "2", "--output", "class", "--batch-size", "4",
                             "--seq-len", "8"]),  # sparse_targets: read from the state (nn/readout.py)
+    "lstm-adaptive": ("lstm", ["--hidden", "16", "--layers", "1", "--output", "adaptive", "--cutoffs", "4,8",
+                               "--batch-size", "4", "--seq-len", "8"]),  # sparse_targets too
     "lstm-nce": ("lstm", ["--hidden", "16", "--layers", "1", "--objective", "nce", "--noise-samples", "4",
                           "--batch-size", "4", "--seq-len", "8"]),
     "dae": ("dae", [*DAE, "--peek", "false"]),  # the equal-capacity baseline: an ordinary LM
