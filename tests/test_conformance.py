@@ -372,6 +372,27 @@ def test_advance_targets_are_advances_entries_and_sparse_ones_read_no_table(zoo,
 
 
 @pytest.mark.parametrize("name", ORDINARY)
+def test_step_targets_are_steps_entries(zoo, name):
+    """step_targets(tokens, state, rows, targets) (a lattice expander's arcs) is step's table at (rows, targets),
+    to float32 rounding, and leaves the state step leaves."""
+    from seqlm.protocol import select_state
+
+    model = zoo.model(name)
+    ids = [model.vocab.id(w) for w in WORDS[:6]]
+    with torch.no_grad():
+        start = torch.full((3,), model.vocab.bos_id)
+        _, state = model.step(start, model.initial_state(3))
+        tokens = torch.tensor(ids[:3])
+        rows = torch.tensor([2, 0, 0, 1, 1, 2])
+        targets = torch.tensor([*ids[:4], model.vocab.eos_id, ids[5]])
+        logp, want_state = model.step(tokens, select_state(model, state, torch.arange(3)))
+        got, got_state = model.step_targets(tokens, state, rows, targets)
+    torch.testing.assert_close(got.double(), logp[rows, targets].double(), rtol=0, atol=1e-5)
+    after = torch.tensor([ids[4]] * 3)  # the states agree: the next step from each gives the same table
+    torch.testing.assert_close(model.step(after, got_state)[0], model.step(after, want_state)[0], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ORDINARY)
 def test_declared_stream_and_dynamic_capabilities_match_the_commands(zoo, name, capsys):
     model, d, text = zoo.model(name), str(zoo.dir(name)), str(zoo.text)
     caps = model.capabilities()

@@ -13,8 +13,8 @@ histories reaching it (`<s>` included at the start), as SRILM's `lattice-tool -o
 The model state of an expanded state is computed once, by `step` from the state it came from, batched over
 all expanded states of a topological level (nodes whose longest path from the start is equally long),
 their model states gathered by the protocol's `select_state`/`cat_states` (any family's layout);
-only the log-probabilities of the words that can follow are kept (a model with the optional
-`step_targets(tokens, state, rows, targets)`, as the Elman LMs have, computes only those). Null words,
+only the log-probabilities of the words that can follow are kept (a model whose `step_targets(tokens, state,
+rows, targets)` skips the table, as the AFP and class-output RNN and LSTM models', computes only those). Null words,
 `<s>`, `</s>` and silence are not predicted; `</s>` is scored on the arcs into the end node. A beam (on
 the forward score with the new LM scores) and a cap on expanded states per node are off by default and
 counted when they bind.

@@ -141,7 +141,7 @@ class AFPLM(LMBase, nn.Module):
     def step_targets(self, tokens: Tensor, state: Tensor, rows: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """`step`, but only ln p of targets (N,) after rows (N,): no (B, V) distribution (lattice rescoring)."""
         h, state = self._read(tokens, state)  # (B, H)
-        return self.out.target_log_probs(h[rows], targets), state  # (N,)
+        return self.out.pair_log_probs(h, rows, targets), state  # (N,) each row's class distribution once
 
 
 def with_iterations(model: nn.Module, iterations: int | None) -> AFPLM:

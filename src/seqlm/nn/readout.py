@@ -5,8 +5,9 @@ the state `step` returns. With a class-factorised or adaptive output (seqlm.nn.s
 costs C + |c(w)| dot products (a head and one cluster), where `advance`'s (B, V) table costs V per row: a CTC
 decoder with a word LM asks for the words its beams end, a handful per history (seqlm.decode.lmpool). Such a
 model declares `sparse_targets`: its `extend` steps the recurrence alone, `advance` and `advance_targets` read
-the output layer from the state. With the full softmax nothing changes (a target's normaliser needs all V
-logits anyway), and the protocol's defaults (LMBase) serve.
+the output layer from the state (and `step_targets`, a lattice expander's arcs, as well). With the full
+softmax nothing changes (a target's normaliser needs all V logits anyway), and the protocol's defaults (LMBase)
+serve.
 """
 
 from __future__ import annotations
@@ -50,3 +51,10 @@ class StateReadout:
             return super().advance_targets(prefixes, rows, targets)  # type: ignore[misc]
         h = self.readout(prefixes.state)  # (B, H)
         return self.out.pair_log_probs(h, rows.to(h.device), targets.to(h.device))  # (N,)
+
+    def step_targets(self, tokens: Tensor, state: Any, rows: Tensor, targets: Tensor) -> tuple[Tensor, Any]:
+        """A lattice expander's arcs: ln p of targets (N,) after rows (N,) of the states read."""
+        if not self.reads_targets():
+            return super().step_targets(tokens, state, rows, targets)  # type: ignore[misc]
+        state = self.recur(tokens, state)
+        return self.advance_targets(Prefixes(state), rows, targets), state
