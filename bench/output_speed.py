@@ -4,6 +4,7 @@ and in bf16, all measured in this one run, so that speed compares on equal terms
 ran at different precisions or on different machines.
 
     python bench/output_speed.py --threads 1 [--seconds 60]
+    python bench/output_speed.py --threads 1 --variants full,nce,nce-zreg     # some rows (full always runs)
 
 Each row trains a fresh model from the start of the training split through the family's own batches and
 step (common.train_speed: 3 warm-up steps, then `--seconds` of training). `vs_full` is the row's words/s
@@ -58,18 +59,26 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seconds", type=float, default=60.0, help="training time measured per row")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="rows to run (comma-separated); full runs in any case: every row's vs_full is from this run")
     args = p.parse_args()
+    variants = ["full", *[v for v in args.variants.split(",") if v != "full"]]
+    if unknown := set(variants) - set(VARIANTS):
+        p.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     torch.set_num_threads(args.threads)
     data = sparse._all_data("gcide")
-    codes, info = sparse._codes("gcide", data[0], args.threads, sparse.ALL_WORK)
+    codes, info = ("", None)
+    if "codes-ibias" in variants:  # the codes of the training split, built first where absent
+        codes, info = sparse._codes("gcide", data[0], args.threads, sparse.ALL_WORK)
     precisions = ("fp32", "bf16") if native_bf16() or torch.cuda.is_available() else ("fp32",)
-    rows = [measure(v, prec, data, str(codes), args) for prec in precisions for v in VARIANTS]
+    rows = [measure(v, prec, data, str(codes), args) for prec in precisions for v in variants]
     base = {q["precision"]: q["train_words_per_s"] for q in rows if q["variant"] == "full"}
     for r in rows:
         r["vs_full"] = r["train_words_per_s"] / base[r["precision"]]
         r["vs_full_fp32"] = r["train_words_per_s"] / base["fp32"]
         print(f"{r['name']:>18}  {r['train_words_per_s']:8.0f} words/s  {r['vs_full']:5.2f}x full", flush=True)
-    rows[-1]["codes_stage"] = info
+    if info is not None:
+        rows[-1]["codes_stage"] = info
     merge_rows("output_speed", rows)
 
 

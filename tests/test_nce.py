@@ -12,7 +12,7 @@ from torch import nn
 
 from seqlm.cli import main
 from seqlm.data.vocab import Vocab
-from seqlm.nn.nce import NCE
+from seqlm.nn.nce import NCE, GatherDot
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
 from seqlm.nn.sparse_code import CodeBook
 
@@ -40,6 +40,26 @@ def test_nce_gradient_points_the_way_of_the_softmax_gradient(sharing):
     approx = grad(lambda: torch.stack([nce.loss(proj, h, targets).sum() for _ in range(20)]).mean())
     assert F.cosine_similarity(exact, approx, dim=0) > 0.95
     assert F.cosine_similarity(exact, torch.randn_like(exact), dim=0).abs() < 0.5  # a random one is not
+
+
+def test_gather_dot_equals_autograds_gather_and_bmm(monkeypatch):
+    """The blockwise gather-dot that per-token NCE scores with: values and the gradients of h, W and b equal the
+    gathered rows' bmm through autograd, in float64, with repeated ids (the (V, H) gradient sums them) and a last
+    block shorter than the others."""
+    monkeypatch.setattr(GatherDot, "BLOCK", 4)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(10, 6, dtype=torch.float64, generator=g, requires_grad=True)  # (N, H)
+    w = torch.randn(9, 6, dtype=torch.float64, generator=g, requires_grad=True)  # (V, H)
+    b = torch.randn(9, dtype=torch.float64, generator=g, requires_grad=True)  # (V,)
+    ids = torch.randint(0, 9, (10, 7), generator=g)  # (N, m): V = 9, so ids repeat
+    upstream = torch.randn(10, 7, dtype=torch.float64, generator=g)
+    got = GatherDot.apply(h, w, b, ids)
+    grads = torch.autograd.grad((got * upstream).sum(), (h, w, b))
+    want = torch.bmm(w[ids], h.unsqueeze(2)).squeeze(2) + b[ids]  # (N, m)
+    want_grads = torch.autograd.grad((want * upstream).sum(), (h, w, b))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    for a, e in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=1e-12)
 
 
 def test_exact_distribution_of_nce_trained_model_sums_to_one():

@@ -23,6 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from seqlm.nn.sparse_code import linear_rows
 
@@ -48,22 +49,31 @@ class NCE(nn.Module):
         return self.zreg(h).squeeze(-1).float()  # (N,)
 
     def _noise_scores(self, proj: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
-        """Scores s(noise, h) (N, k) and log(k P_n(noise)) (N, k) of freshly drawn noise words."""
-        n = h.shape[0]
+        """Scores s(noise, h) (N, k) and log(k P_n(noise)) (N, k) of k noise words shared by the batch."""
+        ids = torch.multinomial(self.noise, self.k, replacement=True)  # (k,) shared by all positions
+        w, b = linear_rows(proj, ids)  # (k, H), (k,)
+        return F.linear(h, w, b).float(), self.log_k_noise[ids].expand(h.shape[0], -1)  # (N, k)
+
+    def _scores(self, proj: nn.Module, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """s(target, h) (N,), s(noise, h) (N, k) and log(k P_n(noise)) (N, k). Per-token noise: the targets'
+        rows and the noise rows in one gather and one bmm, so that the backward pass builds one (V, H)
+        gradient of the output matrix, not one for each (a (V, H) zero fill and a sum saved a step)."""
         if self.sharing == "batch":
-            ids = torch.multinomial(self.noise, self.k, replacement=True)  # (k,) shared by all positions
-            w, b = linear_rows(proj, ids)  # (k, H), (k,)
-            return F.linear(h, w, b).float(), self.log_k_noise[ids].expand(n, -1)  # (N, k)
-        ids = torch.multinomial(self.noise, n * self.k, replacement=True)  # (N*k,)
-        w, b = linear_rows(proj, ids)  # (N*k, H), (N*k,)
-        s = torch.bmm(w.view(n, self.k, -1), h.unsqueeze(2)).squeeze(2) + b.view(n, self.k)  # (N, k)
-        return s.float(), self.log_k_noise[ids].view(n, self.k)
+            w, b = linear_rows(proj, targets)  # (N, H), (N,)
+            return ((h * w).sum(-1) + b).float(), *self._noise_scores(proj, h)
+        n = h.shape[0]
+        noise = torch.multinomial(self.noise, n * self.k, replacement=True).view(n, self.k)  # (N, k)
+        ids = torch.cat([targets[:, None], noise], 1)  # (N, 1 + k): the target first
+        if isinstance(proj, nn.Linear):
+            s = GatherDot.apply(h, proj.weight, proj.bias, ids).float()  # (N, 1 + k)
+        else:  # sparse-code rows (CodedLinear): built from the codes, then dotted
+            w, b = linear_rows(proj, ids.flatten())  # (N (1 + k), H), (N (1 + k),)
+            s = (torch.bmm(w.view(n, self.k + 1, -1), h.unsqueeze(2)).squeeze(2) + b.view(n, -1)).float()
+        return s[:, 0], s[:, 1:], self.log_k_noise[noise]
 
     def loss(self, proj: nn.Module, h: Tensor, targets: Tensor) -> Tensor:
         """(N,) the NCE loss of each position (eq. 9), for the output projection `proj`."""
-        w, b = linear_rows(proj, targets)  # (N, H), (N,)
-        s_target = ((h * w).sum(-1) + b).float()  # (N,)
-        s_noise, log_k_noise = self._noise_scores(proj, h)  # (N, k), (N, k)
+        s_target, s_noise, log_k_noise = self._scores(proj, h, targets)  # (N,), (N, k), (N, k)
         log_z = self.log_z(h)  # (N,)
         delta_target = s_target - log_z - self.log_k_noise[targets]  # (N,)
         delta_noise = s_noise - log_z.unsqueeze(1) - log_k_noise  # (N, k)
@@ -89,3 +99,39 @@ class NCE(nn.Module):
             out.update(log_z_pred_mean=pmean, log_z_pred_std=math.sqrt(max(pp / n - pmean * pmean, 0.0)),
                        log_z_pred_rmse=math.sqrt(err / n))
         return out
+
+
+class GatherDot(torch.autograd.Function):
+    """s[n, j] = W[ids[n, j]] . h[n] + b[ids[n, j]] for ids (N, m), a block of positions at a time: the (N, m, H)
+    gathered rows (52 MB at N = 640, m = 101, H = 200) and their gradient never exist whole, and the backward
+    pass adds each block's outer products into the one (V, H) gradient of W (tests/test_nce.py: equal to
+    autograd's gather and bmm). Products in W's dtype (fp32 under autocast too: this is memory-bound)."""
+
+    BLOCK = 32  # positions a block: 32 x 101 x 200 fp32 = 2.6 MB of rows, in cache while used
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, ids: Tensor) -> Tensor:
+        hw = h.to(weight.dtype)
+        s = torch.empty(ids.shape, dtype=weight.dtype, device=h.device)  # (N, m)
+        with torch.autocast(h.device.type, enabled=False):  # the backward pass runs without it too
+            for i in range(0, ids.shape[0], GatherDot.BLOCK):
+                rows = slice(i, i + GatherDot.BLOCK)
+                s[rows] = torch.bmm(weight[ids[rows]], hw[rows].unsqueeze(2)).squeeze(2)  # (c, m)
+        ctx.save_for_backward(hw, weight, ids)
+        ctx.h_dtype = h.dtype
+        return s.add_(bias[ids])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        hw, weight, ids = ctx.saved_tensors
+        g = grad.to(weight.dtype)  # (N, m)
+        grad_h, grad_w = torch.empty_like(hw), torch.zeros_like(weight)  # (N, H), (V, H)
+        for i in range(0, ids.shape[0], GatherDot.BLOCK):
+            rows = slice(i, i + GatherDot.BLOCK)
+            grad_h[rows] = torch.bmm(g[rows].unsqueeze(1), weight[ids[rows]]).squeeze(1)  # (c, H)
+            outer = g[rows].unsqueeze(2) * hw[rows].unsqueeze(1)  # (c, m, H)
+            grad_w.index_add_(0, ids[rows].flatten(), outer.flatten(0, 1))
+        grad_b = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device).index_add_(0, ids.flatten(), g.flatten())
+        return grad_h.to(ctx.h_dtype), grad_w, grad_b, None
+
