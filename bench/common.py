@@ -212,10 +212,12 @@ def training_step(name: str, cfg, vocab, stream):
 
     from seqlm.registry import family, new_model
     from seqlm.train.loop import make_optimizer
+    from seqlm.train.memory import keep_freed_memory
 
     fam = family(name)
     model = new_model(name, cfg, vocab)
     opt = make_optimizer(model, cfg.train)
+    keep_freed_memory()  # as seqlm.train.loop.fit does
     batches = iter(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1)))
     state = None
 

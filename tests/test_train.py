@@ -69,6 +69,21 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path):
     assert [r["valid_ppl"] for r in a] != [r["valid_ppl"] for r in c]
 
 
+def test_training_keeps_freed_memory_for_its_next_step(tmp_path, monkeypatch):
+    """Training raises glibc's mmap and trim thresholds (train/memory.py): where glibc is, mallopt accepts both
+    (a wrong parameter or value is refused, False), and `seqlm train` sets them before its first step."""
+    import platform
+
+    from seqlm.train import loop, memory
+
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert memory.keep_freed_memory()
+    calls = []
+    monkeypatch.setattr(loop, "keep_freed_memory", lambda: calls.append(1) or True)
+    _train(tmp_path, "m", "--max-epochs", "1")
+    assert calls == [1]
+
+
 def test_training_beats_the_unigram_model_and_logs_every_epoch(tmp_path):
     rows = _train(tmp_path, "m", "--max-epochs", "3", "--lr", "0.3")
     assert len(rows) == 3 and rows[-1]["valid_ppl"] < 0.95 * unigram_ppl(tmp_path / "corpus")

@@ -41,6 +41,7 @@ from seqlm.errors import SeqlmError
 from seqlm.eval.perplexity import can_stream, evaluate
 from seqlm.nn.softmax import layer_stats
 from seqlm.train import distributed as dist
+from seqlm.train.memory import keep_freed_memory
 from seqlm.train.optim import build_optimizer, build_schedule, set_lr
 from seqlm.train.precision import check_precision
 from seqlm.train.resume import (
@@ -145,6 +146,7 @@ def fit(
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    keep_freed_memory()  # each step's big buffers reused, not mapped again (train/memory.py)
     torch.manual_seed(cfg.seed)
     mode = valid_mode(model, step, cfg)
     check_precision(model, cfg.precision, resolve_device(cfg.device))
