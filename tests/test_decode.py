@@ -417,23 +417,17 @@ def test_compacting_the_lm_pool_changes_nothing(kn3, tmp_path, monkeypatch, leve
         np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], atol=1e-12)
 
 
-def test_a_sparse_pool_scores_what_the_pools_rows_score(kn3, monkeypatch):
-    """Word level with an n-gram (sparse_targets): the pool keeps states only and asks advance_targets for the words
-    the beams end, never a row of the table; the same decode with the pool keeping whole rows (the model's
-    declaration turned off) gives the same n-best and scores, compacted often in both."""
+def sparse_then_whole_rows(model, labels, mats, cfg, monkeypatch) -> tuple[list, list]:
+    """The n-best lists of two decodes: as the model declares (sparse_targets: no table row computed), then with
+    the declaration turned off (more than 10 rows of the table computed)."""
     from dataclasses import replace
 
-    from seqlm.decode import decoder as decoder_module
-
-    _, model, _, labels, mats, _ = kn3
-    assert model.capabilities().sparse_targets
-    cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, batch_size=7, prune_history=False)
-    monkeypatch.setattr(decoder_module, "POOL_SLACK", 0)
     tables, advance = [], type(model).advance
 
     def counted(self, prefixes):
-        tables.append(len(prefixes.state))
-        return advance(self, prefixes)
+        table = advance(self, prefixes)  # (B, V)
+        tables.append(table.shape[0])
+        return table
 
     monkeypatch.setattr(type(model), "advance", counted)
     sparse = CTCDecoder(resolve(labels), model, cfg).decode(mats)
@@ -442,6 +436,20 @@ def test_a_sparse_pool_scores_what_the_pools_rows_score(kn3, monkeypatch):
     monkeypatch.setattr(type(model), "capabilities", lambda self: replace(caps, sparse_targets=False))
     rows = CTCDecoder(resolve(labels), model, cfg).decode(mats)
     assert sum(tables) > 10
+    return sparse, rows
+
+
+def test_a_sparse_pool_scores_what_the_pools_rows_score(kn3, monkeypatch):
+    """Word level with an n-gram (sparse_targets): the pool keeps states only and asks advance_targets for the words
+    the beams end, never a row of the table; the same decode with the pool keeping whole rows (the model's
+    declaration turned off) gives the same n-best and scores, compacted often in both."""
+    from seqlm.decode import decoder as decoder_module
+
+    _, model, _, labels, mats, _ = kn3
+    assert model.capabilities().sparse_targets
+    cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, batch_size=7, prune_history=False)
+    monkeypatch.setattr(decoder_module, "POOL_SLACK", 0)
+    sparse, rows = sparse_then_whole_rows(model, labels, mats, cfg, monkeypatch)
     for a, b in zip(sparse, rows, strict=True):
         assert [h.text for h in a] == [h.text for h in b]
         assert [h.labels for h in a] == [h.labels for h in b]
@@ -454,8 +462,6 @@ def test_a_class_output_model_is_scored_word_by_word_from_its_state(kn3, monkeyp
     """A recurrent model with a class-factorised output declares sparse_targets (nn/readout.py): the pool asks
     advance_targets for the words the beams end, read from the states, never a (V,) row; the same decode with
     whole rows (the declaration turned off) gives the same n-best, the scores to float32 rounding."""
-    from dataclasses import replace
-
     from seqlm.config import apply_overrides
     from seqlm.registry import family, new_model
 
@@ -466,19 +472,7 @@ def test_a_class_output_model_is_scored_word_by_word_from_its_state(kn3, monkeyp
     assert model.capabilities().sparse_targets
     _, _, _, labels, mats, _ = kn3
     decode_cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, batch_size=7, prune_history=False)
-    tables, advance = [], type(model).advance
-
-    def counted(self, prefixes):
-        tables.append(1)
-        return advance(self, prefixes)
-
-    monkeypatch.setattr(type(model), "advance", counted)
-    sparse = CTCDecoder(resolve(labels), model, decode_cfg).decode(mats)
-    assert not tables
-    caps = model.capabilities()
-    monkeypatch.setattr(type(model), "capabilities", lambda self: replace(caps, sparse_targets=False))
-    rows = CTCDecoder(resolve(labels), model, decode_cfg).decode(mats)
-    assert len(tables) > 10
+    sparse, rows = sparse_then_whole_rows(model, labels, mats, decode_cfg, monkeypatch)
     for a, b in zip(sparse, rows, strict=True):
         assert [h.text for h in a] == [h.text for h in b]
         np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], rtol=0, atol=1e-4)
