@@ -217,7 +217,8 @@ def training_step(name: str, cfg, vocab, stream):
     fam = family(name)
     model = new_model(name, cfg, vocab)
     opt = make_optimizer(model, cfg.train)
-    keep_freed_memory()  # as seqlm.train.loop.fit does
+    if cfg.train.keep_memory:
+        keep_freed_memory()  # as seqlm.train.loop.fit does
     batches = iter(fam.batches(cfg, vocab)(stream, np.random.default_rng(0), (0, 1)))
     state = None
 

@@ -114,6 +114,8 @@ VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "nce-zreg-4ep": [*NCE_BATCH, "--normaliser", "regression", "--max-epochs", "4", "--min-improvement", "0"],
     # (c) with per-token noise, run before it became these rows' setting: the same flags as nce-zreg now
     "nce-zreg-token": [*NCE, "--normaliser", "regression"],
+    # (c) with glibc's memory defaults (train/memory.py): the peak RSS and words/s that keeping freed blocks costs
+    "nce-zreg-nokeep": [*NCE, "--normaliser", "regression", "--keep-memory", "false"],
 } | ADAPTIVE
 # the full-corpus recipe: the same encoder, every epoch run (no early stop); output layers users pick today
 ALL_ENCODER = [*ENCODER[:-1], str(ALL_EPOCHS), "--min-improvement", "0"]

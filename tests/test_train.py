@@ -71,7 +71,8 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path):
 
 def test_training_keeps_freed_memory_for_its_next_step(tmp_path, monkeypatch):
     """Training raises glibc's mmap and trim thresholds (train/memory.py): where glibc is, mallopt accepts both
-    (a wrong parameter or value is refused, False), and `seqlm train` sets them before its first step."""
+    (a wrong parameter or value is refused, False), and `seqlm train` sets them before its first step, unless
+    --keep-memory false."""
     import platform
 
     from seqlm.train import loop, memory
@@ -81,6 +82,8 @@ def test_training_keeps_freed_memory_for_its_next_step(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(loop, "keep_freed_memory", lambda: calls.append(1) or True)
     _train(tmp_path, "m", "--max-epochs", "1")
+    assert calls == [1]
+    _train(tmp_path, "n", "--max-epochs", "1", "--keep-memory", "false")  # glibc's defaults left alone
     assert calls == [1]
 
 

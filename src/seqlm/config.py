@@ -47,6 +47,8 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast; float32 master weights and loss)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # keep freed big blocks for the next step (glibc): faster where page faults are dear, a higher peak RSS
+    keep_memory: bool = True
     max_minutes: float = 0.0  # this invocation stops (evaluates, saves, can --resume) after this long; 0 = no limit
     eval_tokens: int = 4096  # positions per evaluation batch
     # sentence | stream | auto: how each epoch's validation perplexity (schedule, best epoch) is measured;

@@ -146,7 +146,8 @@ def fit(
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    keep_freed_memory()  # each step's big buffers reused, not mapped again (train/memory.py)
+    if cfg.keep_memory:
+        keep_freed_memory()  # each step's big buffers reused, not mapped again (train/memory.py)
     torch.manual_seed(cfg.seed)
     mode = valid_mode(model, step, cfg)
     check_precision(model, cfg.precision, resolve_device(cfg.device))

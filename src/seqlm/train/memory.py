@@ -6,7 +6,9 @@ gradient of a 61k-word embedding or output matrix is 49 MB, (N, V) logits severa
 maps them again and faults every page in; where page faults are dear (a VM, a sandbox) that is a large part of
 the step: bench/output_speed.py's NCE + ZRegression row trained 1.5 times faster in bf16 with the blocks kept,
 the full softmax 1.2 times (throwaway timings on this project's 2-core machine). Raising both thresholds keeps
-freed memory in the heap for reuse; the peak is what it was. Nothing happens off glibc.
+freed memory in the heap for reuse, at the cost of a higher peak RSS (blocks of different sizes do not always
+fit the holes others left: bench/results/sparse.json's gcide-nce-zreg rows with and without). `--keep-memory
+false` (TrainConfig.keep_memory) leaves glibc's defaults. Nothing happens off glibc.
 """
 
 from __future__ import annotations
