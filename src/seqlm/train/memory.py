@@ -4,11 +4,11 @@ glibc's malloc hands every block above its mmap threshold (at most 32 MB by its 
 is freed, and trims the heap's free top. A training step allocates the same big buffers every step (a (V, H)
 gradient of a 61k-word embedding or output matrix is 49 MB, (N, V) logits several times that), so each step
 maps them again and faults every page in; where page faults are dear (a VM, a sandbox) that is a large part of
-the step: bench/output_speed.py's NCE + ZRegression row trained 1.5 times faster in bf16 with the blocks kept,
-the full softmax 1.2 times (throwaway timings on this project's 2-core machine). Raising both thresholds keeps
-freed memory in the heap for reuse, at the cost of a higher peak RSS (blocks of different sizes do not always
-fit the holes others left: bench/results/sparse.json's gcide-nce-zreg rows with and without). `--keep-memory
-false` (TrainConfig.keep_memory) leaves glibc's defaults. Nothing happens off glibc.
+the step. Raising both thresholds keeps freed memory in the heap for reuse, at the cost of a higher peak RSS
+(blocks of different sizes do not always fit the holes others left): bench/results/sparse.json's gcide-nce-zreg
+(GCIDE, V = 61k, NCE) trains 1.36x faster with them for 1.39x the peak RSS, against gcide-nce-zreg-nokeep in
+the same run. `--keep-memory false` (TrainConfig.keep_memory) leaves glibc's defaults. Nothing happens off
+glibc.
 """
 
 from __future__ import annotations
