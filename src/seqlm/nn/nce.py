@@ -134,4 +134,3 @@ class GatherDot(torch.autograd.Function):
             grad_w.index_add_(0, ids[rows].flatten(), outer.flatten(0, 1))
         grad_b = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device).index_add_(0, ids.flatten(), g.flatten())
         return grad_h.to(ctx.h_dtype), grad_w, grad_b, None
-
