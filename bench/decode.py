@@ -336,8 +336,8 @@ def main() -> None:
     device = resolve_device(args.device)  # seqlm's rows decode there (the peers stay on the CPU)
     load = wait_for_quiet(args.max_load, 30)
     models = {"kn5": trained("kn5", ["--order", "5"]), "char6": trained("char6", ["--order", "6", "--unit", "char"])}
-    for lm, units_row in LSTMS.items():
-        if any(row.startswith(f"seqlm-{lm}-") or row.startswith(f"seqlm-{lm}+") for row in args.rows.split(",")):
+    for lm, units_row in LSTMS.items():  # seqlm-lstmc+kn5-b32: the LM part is `lstmc+kn5`, as system() reads it
+        if any(row.split("-")[1].removesuffix("+kn5") == lm for row in args.rows.split(",") if "-" in row):
             models[lm] = lstm_model(units_row)
             models[f"{lm}+kn5"] = mixture(models[lm], models["kn5"], f"{lm}+kn5")
     unigrams = [w for w in seqlm.load(models["kn5"]).vocab.itos if w not in ("<s>", "</s>")]
