@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import torch
 
+from seqlm.nn.class_softmax import ClassSoftmax
 from seqlm.nn.elman import Elman
-from seqlm.nn.softmax import ClassSoftmax, FullSoftmax
+from seqlm.nn.softmax import FullSoftmax
 
 
 def compare_ms(fns: dict[str, Callable[[], None]], reps: int, warmup: int = 3) -> dict[str, float]:

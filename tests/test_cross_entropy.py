@@ -82,7 +82,7 @@ def test_full_softmax_trains_with_it_and_evaluates_exactly():
 
 
 def _class_layer(vocab=61, hidden=8, classes=9, seed=2):
-    from seqlm.nn.softmax import ClassSoftmax
+    from seqlm.nn.class_softmax import ClassSoftmax
 
     torch.manual_seed(seed)
     counts = [1000 // (i + 1) + 1 for i in range(vocab)]  # Zipf-like: frequent words get one-word classes

@@ -7,8 +7,9 @@ import torch
 from torch import Tensor
 
 from seqlm.errors import SeqlmError
+from seqlm.nn.class_softmax import ClassSoftmax, frequency_classes
 from seqlm.nn.elman import Elman, elman_reference
-from seqlm.nn.softmax import AdaptiveSoftmax, ClassSoftmax, FullSoftmax, adaptive_cutoffs, frequency_classes
+from seqlm.nn.softmax import AdaptiveSoftmax, FullSoftmax, adaptive_cutoffs
 
 
 def zipf_counts(vocab_size: int, seed: int = 0) -> list[int]:
@@ -90,28 +91,33 @@ def test_class_softmax_normalised_and_targets(num_classes: int) -> None:
 @pytest.mark.parametrize("num_classes", [1, 7, 60])
 def test_class_softmax_pair_log_probs_are_the_tables_entries(num_classes: int) -> None:
     """A decoder's (row, word) pairs, rows and classes repeated, one-word classes among them (60 classes of 60
-    words): each entry equals the row's log_probs table's, in float64 to rounding."""
+    words): each entry equals the class-by-class softmax of the raw parameters, in float64 to rounding."""
     layer = make_class_softmax(num_classes=num_classes).double()
     h = torch.randn(9, 16, dtype=torch.float64) * 3  # (B, H)
     g = torch.Generator().manual_seed(1)
     rows = torch.randint(0, 9, (50,), generator=g)  # (N,) some rows never asked, others many times
     targets = torch.cat([torch.randint(0, 60, (45,), generator=g), torch.tensor([0, 0, 1, 59, 59])])  # (N,)
     got = layer.pair_log_probs(h, rows, targets)  # (N,)
-    torch.testing.assert_close(got, layer.log_probs(h)[rows, targets], atol=1e-12, rtol=0)
+    torch.testing.assert_close(got, class_by_class(layer, h)[rows, targets], atol=1e-12, rtol=0)
+
+
+def class_by_class(layer: ClassSoftmax, h: torch.Tensor) -> torch.Tensor:
+    """(N, V) log P(c(w)|h) + log softmax over c(w)'s words, a class at a time, from the raw parameters."""
+    class_lp = torch.log_softmax(layer.class_proj(h), -1)  # (N, C)
+    row_logits = layer.word_proj(h)  # (N, V) in row order
+    word_logits = row_logits[:, layer.word_to_row]  # (N, V) in word-id order
+    expected = torch.empty(len(h), len(layer.word_class), dtype=h.dtype)
+    for c in range(layer.num_classes):
+        members = (layer.word_class == c).nonzero().squeeze(1)
+        expected[:, members] = class_lp[:, c : c + 1] + torch.log_softmax(word_logits[:, members], -1)
+    return expected
 
 
 def test_class_softmax_log_probs_is_class_factorised() -> None:
     """log P(w|h) = log P(c(w)|h) + log P(w|c(w),h), checked from the raw parameters in word-id order."""
     layer = make_class_softmax().double()
     h = torch.randn(5, 16, dtype=torch.float64)
-    class_lp = torch.log_softmax(layer.class_proj(h), -1)  # (N, C)
-    row_logits = layer.word_proj(h)  # (N, V) in row order
-    word_logits = row_logits[:, layer.word_to_row]  # (N, V) in word-id order
-    expected = torch.empty(5, 60, dtype=torch.float64)
-    for c in range(layer.num_classes):
-        members = (layer.word_class == c).nonzero().squeeze(1)
-        expected[:, members] = class_lp[:, c : c + 1] + torch.log_softmax(word_logits[:, members], -1)
-    torch.testing.assert_close(layer.log_probs(h), expected, atol=1e-10, rtol=0)
+    torch.testing.assert_close(layer.log_probs(h), class_by_class(layer, h), atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("num_classes", [1, 7, 60])

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
+from seqlm.nn.class_softmax import ClassSoftmax, frequency_classes
 from seqlm.nn.elman import Elman, elman_reference
-from seqlm.nn.softmax import ClassSoftmax, FullSoftmax, frequency_classes
+from seqlm.nn.softmax import FullSoftmax
 
 __all__ = ["ClassSoftmax", "Elman", "FullSoftmax", "elman_reference", "frequency_classes"]

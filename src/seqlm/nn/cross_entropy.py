@@ -16,6 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+
+def upcast(x: Tensor) -> Tensor:
+    """float32 for half-precision tensors (autocast), unchanged for float32/float64."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 BLOCK = 32  # rows reduced at a time: 32 x 61k fp32 = 7.8 MB, inside a server CPU's L3 cache
 
 
@@ -74,7 +80,7 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, bias: Tensor | None, targets
 
 
 class ClassCrossEntropy(torch.autograd.Function):
-    """-log P(c(w)|h) - log P(w|c(w),h) per row for nn/softmax.py's ClassSoftmax, its gradient prepared
+    """-log P(c(w)|h) - log P(w|c(w),h) per row for nn/class_softmax.py's ClassSoftmax, its gradient prepared
     in the forward pass.
 
     Autograd's path builds a log-softmax, a loss and a split node per class (about 100 a step), each

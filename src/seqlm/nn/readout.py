@@ -16,7 +16,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from seqlm.nn.softmax import AdaptiveSoftmax, ClassSoftmax
+from seqlm.nn.class_softmax import ClassSoftmax
+from seqlm.nn.softmax import AdaptiveSoftmax
 from seqlm.protocol import Prefixes
 
 

@@ -1,5 +1,6 @@
-"""Output layers: full softmax, the class-factorised softmax of Mikolov et al. (ICASSP 2011) and PyTorch's
-adaptive softmax (Grave et al. 2017, `torch.nn.AdaptiveLogSoftmaxWithLoss`).
+"""Output layers: full softmax, PyTorch's adaptive softmax (Grave et al. 2017,
+`torch.nn.AdaptiveLogSoftmaxWithLoss`) and, in nn/class_softmax.py, the class-factorised softmax of Mikolov et al.
+(ICASSP 2011).
 
 All layers share one interface. Callers flatten (B, T, H) hidden states to (N, H).
 
@@ -29,14 +30,10 @@ from torch import Tensor, nn
 from seqlm.config import choice, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
-from seqlm.nn.cross_entropy import ClassCrossEntropy, linear_cross_entropy
+from seqlm.nn.class_softmax import ClassSoftmax
+from seqlm.nn.cross_entropy import linear_cross_entropy, upcast
 from seqlm.nn.nce import NCE
 from seqlm.nn.sparse_code import CodeBook, CodedEmbedding, CodedLinear, SparseCodes, codes_for_vocab, linear_rows
-
-
-def _upcast(x: Tensor) -> Tensor:
-    """float32 for half-precision tensors (autocast), unchanged for float32/float64."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 class FullSoftmax(nn.Module):
@@ -54,7 +51,7 @@ class FullSoftmax(nn.Module):
         self.nce = nce
 
     def _logits(self, h: Tensor) -> Tensor:
-        logits = _upcast(self.proj(h))  # (N, V)
+        logits = upcast(self.proj(h))  # (N, V)
         if self.nce is not None and not self.training:
             self.nce.record(h, logits)  # the true log Z_h comes free with exact evaluation
         return logits
@@ -77,176 +74,6 @@ class FullSoftmax(nn.Module):
             weight, bias = linear_rows(self.proj, None)  # (V, H), (V,)
             return linear_cross_entropy(h, weight, bias, targets)  # (N,) seqlm.nn.cross_entropy
         return -self.target_log_probs(h, targets)
-
-
-def frequency_classes(counts: Sequence[int] | Tensor, num_classes: int) -> Tensor:
-    """Class of each word by frequency binning (paper, 'Factorization of the output layer').
-
-    Words are visited in order of decreasing count (stable: ties keep increasing word id). With
-    ``cum`` the unigram probability of the visited words *including* the current one, the rule is that
-    of the rnnlm toolkit:
-
-    1. the current word goes to the current class ``c`` (starting at 0);
-    2. then ``c`` advances by one if ``cum > (c + 1) / C`` -- at most one step per word, even when
-       ``cum`` jumped over several boundaries, so a very frequent word never leaves classes empty
-       behind it.
-
-    One addition guarantees that no class is empty (the toolkit can leave the last classes empty,
-    e.g. for uniform counts with C = V): ``c`` also advances when the words still to visit are only
-    just enough to give each remaining class one word. Hence every class is non-empty for any
-    1 <= C <= V. The comparison is done in exact integer arithmetic (``cum_count * C > (c+1) * total``)
-    so the result does not depend on float rounding.
-
-    Returns a LongTensor (V,) with the class of each word id. Classes are contiguous in frequency
-    order: every word of class k is at least as frequent as any word of class k + 1 (class 0 holds the
-    most frequent words).
-    """
-    counts_list = [int(x) for x in (counts.tolist() if isinstance(counts, Tensor) else counts)]
-    vocab_size = len(counts_list)
-    if not 1 <= num_classes <= vocab_size:
-        raise ValueError(f"num_classes must be in [1, {vocab_size}], got {num_classes}")
-    if any(x < 0 for x in counts_list):
-        raise ValueError("counts must be non-negative")
-    if sum(counts_list) == 0:
-        counts_list = [1] * vocab_size  # all-zero counts: treat as uniform so the slices are defined
-    total = sum(counts_list)
-    order = sorted(range(vocab_size), key=lambda i: -counts_list[i])  # sorted() is stable
-    classes = [0] * vocab_size
-    c = 0
-    cum = 0
-    for k, word in enumerate(order):
-        cum += counts_list[word]
-        classes[word] = c
-        words_left = vocab_size - 1 - k
-        classes_left = num_classes - 1 - c
-        if classes_left > 0 and (cum * num_classes > (c + 1) * total or words_left <= classes_left):
-            c += 1
-    return torch.tensor(classes, dtype=torch.long, device="cpu")  # cpu even under a meta device context
-
-
-class ClassSoftmax(nn.Module):
-    """Class-factorised softmax P(w|h) = P(c(w)|h) P(w|c(w),h) (paper, 'Speedup techniques').
-
-    Classes come from :func:`frequency_classes`. The word-output rows are stored re-ordered so that
-    each class's words form a contiguous slice ``class_start[c]:class_end[c]`` of one (V, H) weight
-    matrix: the within-class softmax is then a matmul with a weight *slice* (a view, no gather). The
-    row order is the frequency order used for binning, which is already class-contiguous.
-
-    Cost per token is H (C + |class of the target|) instead of H V (paper, 'Speedup techniques').
-    """
-
-    def __init__(self, hidden: int, counts: Sequence[int] | Tensor, num_classes: int) -> None:
-        super().__init__()
-        word_class = frequency_classes(counts, num_classes)  # (V,)
-        vocab_size = word_class.numel()
-        self.hidden = hidden
-        self.vocab_size = vocab_size
-        self.num_classes = num_classes
-        self.class_proj = nn.Linear(hidden, num_classes)  # P(c | h)
-        self.word_proj = nn.Linear(hidden, vocab_size)  # P(w | c, h); row r holds word row_to_word[r]
-
-        # stable sort by class keeps the frequency order inside a class (and makes classes contiguous)
-        row_to_word = torch.sort(word_class, stable=True).indices  # (V,)
-        word_to_row = torch.empty_like(row_to_word)
-        word_to_row[row_to_word] = torch.arange(vocab_size, device="cpu")
-        sizes = torch.bincount(word_class, minlength=num_classes)  # (C,)
-        class_end = torch.cumsum(sizes, 0)  # (C,)
-        self.register_buffer("word_class", word_class)
-        self.register_buffer("word_to_row", word_to_row)
-        self.register_buffer("row_to_word", row_to_word)
-        self.register_buffer("row_class", word_class[row_to_word])  # (V,) non-decreasing
-        self.register_buffer("class_start", class_end - sizes)
-        self.register_buffer("class_end", class_end)
-        # python copy of the class sizes: the forward splits the weights with it without device syncs;
-        # refreshed after load_state_dict, which may bring other class buffers
-        self._class_sizes: list[int] = sizes.tolist()
-        self._class_starts: list[int] = (class_end - sizes).tolist()
-        self.register_load_state_dict_post_hook(ClassSoftmax._refresh_class_sizes)
-
-    @staticmethod
-    def _refresh_class_sizes(module: ClassSoftmax, incompatible_keys: object) -> None:
-        module._class_sizes = (module.class_end - module.class_start).tolist()
-        module._class_starts = module.class_start.tolist()
-
-    def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
-        """log P(c(w)|h) + log P(w|c(w),h) for each (h, target) pair; exact and differentiable."""
-        n = targets.shape[0]
-        tgt_class = self.word_class[targets]  # (N,)
-        class_logits = _upcast(self.class_proj(h))  # (N, C)
-        class_lp = -F.cross_entropy(class_logits, tgt_class, reduction="none")  # (N,)
-
-        # group the tokens by target class so each class needs one matmul against its weight slice
-        sorted_class, order = torch.sort(tgt_class, stable=True)  # (N,), (N,)
-        group_sizes = torch.bincount(sorted_class, minlength=self.num_classes).tolist()
-        local_row = self.word_to_row[targets[order]] - self.class_start[sorted_class]  # (N,) row within class
-        # split() rather than indexing slices one by one: it is a single autograd node whose backward
-        # assembles the whole gradient once, while each slice's backward would allocate a zero (V, H)
-        h_groups = h[order].split(group_sizes)  # C x (n_c, H)
-        row_groups = local_row.split(group_sizes)  # C x (n_c,)
-        w_groups = self.word_proj.weight.split(self._class_sizes)  # C x (|c|, H), views
-        b_groups = self.word_proj.bias.split(self._class_sizes)  # C x (|c|,)
-        pieces = []
-        for c, size in enumerate(group_sizes):
-            if size == 0 or self._class_sizes[c] == 1:
-                # no target in this class in this batch, or a one-word class where P(w|c,h) = 1 exactly
-                pieces.append(class_lp.new_zeros(size))
-                continue
-            logits = _upcast(F.linear(h_groups[c], w_groups[c], b_groups[c]))  # (n_c, |c|)
-            pieces.append(F.cross_entropy(logits, row_groups[c], reduction="none"))  # (n_c,) -log P(w|c,h)
-        word_lp_sorted = -torch.cat(pieces) if pieces else class_lp.new_zeros(0)  # (N,)
-        # undo the grouping: position order[i] receives the i-th grouped result
-        word_lp = word_lp_sorted.new_empty(n).scatter(0, order, word_lp_sorted)  # (N,)
-        return class_lp + word_lp
-
-    @torch.no_grad()
-    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
-        """(N,) log P(targets[i] | h[rows[i]]) for a decoder's (history, word) pairs, h (B, H): each distinct row's
-        class distribution once, each distinct (row, class)'s within-class normaliser once (a matmul a class
-        asked for), each target's own logit a dot product. A few words per history: no (B, V) table."""
-        urows, r = torch.unique(rows, return_inverse=True)  # (R,), (N,)
-        hu, R = h[urows], len(urows)  # (R, H)
-        cls = self.word_class[targets]  # (N,)
-        class_lp = torch.log_softmax(_upcast(self.class_proj(hu)), 1)[r, cls]  # (N,)
-        pairs, p = torch.unique(cls * R + r, return_inverse=True)  # (P,) by class, then row; (N,)
-        pair_class, pair_row = pairs // R, pairs % R  # (P,), (P,)
-        asked = torch.bincount(pair_class, minlength=self.num_classes)  # (C,)
-        norm = class_lp.new_zeros(len(pairs))  # (P,) log sum_{w in c} exp(logit w); 0 for one-word classes
-        hp = hu[pair_row]  # (P, H) grouped by class: each class's rows a slice (two ops a class below)
-        w, b, first = self.word_proj.weight, self.word_proj.bias, 0
-        for c, n in zip(asked.nonzero().squeeze(1).tolist(), asked[asked > 0].tolist(), strict=True):
-            words = slice(self._class_starts[c], self._class_starts[c] + self._class_sizes[c])
-            if self._class_sizes[c] > 1:
-                logits = F.linear(hp[first:first + n], w[words], b[words])  # (n, |c|)
-                torch.logsumexp(_upcast(logits), 1, out=norm[first:first + n])
-            first += n
-        at = self.word_to_row[targets]  # (N,) the targets' weight rows
-        logit = torch.einsum("nh,nh->n", hu[r], w[at]) + b[at]  # (N,)
-        word_lp = torch.where(self.class_end[cls] - self.class_start[cls] > 1, _upcast(logit) - norm[p], 0.0)
-        return class_lp + word_lp  # (N,)
-
-    def loss(self, h: Tensor, targets: Tensor) -> Tensor:
-        """(N,) training losses; with gradients on, fused (nn/cross_entropy.py ClassCrossEntropy)."""
-        if not torch.is_grad_enabled():
-            return -self.target_log_probs(h, targets)  # (N,)
-        layout = (self.word_class, self.word_to_row, self.class_start, self._class_sizes)
-        return ClassCrossEntropy.apply(h, self.class_proj.weight, self.class_proj.bias, self.word_proj.weight,
-                                       self.word_proj.bias, targets, layout)  # (N,)
-
-    def log_probs(self, h: Tensor) -> Tensor:
-        """Full distribution (N, V) in word-id order, exactly normalised (for generation and tests)."""
-        n = h.shape[0]
-        class_lp = F.log_softmax(_upcast(self.class_proj(h)), dim=-1)  # (N, C)
-        logits = _upcast(self.word_proj(h))  # (N, V) in row order
-        row_class = self.row_class.expand(n, -1)  # (N, V)
-        # per-class log-sum-exp, vectorised: the per-class max only stabilises exp, so no gradient needed
-        with torch.no_grad():
-            class_max = logits.new_full((n, self.num_classes), float("-inf"))
-            class_max = class_max.scatter_reduce(1, row_class, logits, reduce="amax")  # (N, C)
-        shifted = logits - class_max[:, self.row_class]  # (N, V)
-        sum_exp = logits.new_zeros(n, self.num_classes).index_add(1, self.row_class, shifted.exp())  # (N, C)
-        lse = class_max + sum_exp.log()  # (N, C)
-        row_lp = logits - lse[:, self.row_class] + class_lp[:, self.row_class]  # (N, V) in row order
-        return row_lp[:, self.word_to_row]  # (N, V) in word-id order
 
 
 def adaptive_cutoffs(vocab_size: int, spec: str = "") -> list[int]:
@@ -302,13 +129,13 @@ class AdaptiveSoftmax(nn.Module):
     def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
         # torch's module mixes its cluster outputs with index_copy_, which fails on bf16 under autocast: fp32
         with torch.autocast(h.device.type, enabled=False):
-            return self.asm(_upcast(h), self.word_to_rank[targets]).output  # (N,)
+            return self.asm(upcast(h), self.word_to_rank[targets]).output  # (N,)
 
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
         return -self.target_log_probs(h, targets)  # (N,)
 
     def log_probs(self, h: Tensor) -> Tensor:
-        return self.asm.log_prob(_upcast(h))[:, self.word_to_rank]  # (N, V) in word-id order
+        return self.asm.log_prob(upcast(h))[:, self.word_to_rank]  # (N, V) in word-id order
 
     def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
         """(N,) log P(targets[i] | h[rows[i]]), h (B, H)."""
