@@ -101,6 +101,30 @@ def test_class_softmax_pair_log_probs_are_the_tables_entries(num_classes: int) -
     torch.testing.assert_close(got, class_by_class(layer, h)[rows, targets], atol=1e-12, rtol=0)
 
 
+def test_class_softmax_pair_log_probs_keep_their_normalisers_in_a_memo() -> None:
+    """With a memo (a decoder's pool keeps one for its rows), each (row, class) normaliser is computed once and
+    read back by later calls, the table grown as rows come: every call still equals the class-by-class softmax,
+    and a value planted in the table shows in the entries of that (row, class) (what was read, not recomputed)."""
+    layer = make_class_softmax(num_classes=7).double()
+    h = torch.randn(9, 16, dtype=torch.float64) * 3  # (B, H): the first 5 rows read, then 4 more
+    g = torch.Generator().manual_seed(2)
+    memo: dict = {}
+    word = 59  # the rarest word: in the last class, of many words
+    for b in (5, 9, 9):
+        rows, targets = torch.randint(0, b, (30,), generator=g), torch.randint(0, 60, (30,), generator=g)  # (N,)
+        rows, targets = torch.cat([rows, torch.tensor([3])]), torch.cat([targets, torch.tensor([word])])
+        got = layer.pair_log_probs(h[:b], rows, targets, memo)  # (N,)
+        torch.testing.assert_close(got, class_by_class(layer, h[:b])[rows, targets], atol=1e-12, rtol=0)
+    table = memo["class_norms"]  # (>= 9, C)
+    assert table.shape[0] >= 9 and table.shape[1] == 7
+    c = int(layer.word_class[word])
+    assert not table[3, c].isnan()  # (3, word) asked above
+    table[3, c] += 1.0
+    got = layer.pair_log_probs(h, torch.tensor([3, 4]), torch.tensor([word, word]), memo)  # (2,)
+    want = class_by_class(layer, h)[[3, 4], word]
+    torch.testing.assert_close(got, want - torch.tensor([1.0, 0.0], dtype=torch.float64), atol=1e-12, rtol=0)
+
+
 def class_by_class(layer: ClassSoftmax, h: torch.Tensor) -> torch.Tensor:
     """(N, V) log P(c(w)|h) + log softmax over c(w)'s words, a class at a time, from the raw parameters."""
     class_lp = torch.log_softmax(layer.class_proj(h), -1)  # (N, C)

@@ -64,10 +64,15 @@ class Prefixes:
     """B prefixes a decoder extends: `state` is the model's `step` state after each prefix's last token
     (`initial_state`'s when nothing has been read), `cache` what `advance` needs beyond it, kept by `extend`:
     by default the (B, V) distribution `step` returned with the state; None where `advance` computes it from
-    the state (n-gram, cache) or nothing has been read. Only the model that made them looks inside."""
+    the state (n-gram, cache) or nothing has been read. Only the model that made them looks inside.
+    `memo`: a dict the caller keeps with these rows (seqlm.decode.lmpool's pool); `advance_targets` may keep
+    tensors in it (or dicts of them) whose dimension 0 is the row, computed for some rows, to reuse when those
+    rows are asked again (ClassSoftmax: each (row, class) normaliser). Where the caller drops or renumbers rows
+    it selects the memo's rows as it does the states'. None: nothing is kept."""
 
     state: State
     cache: Any = None
+    memo: dict | None = None
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ class LMPool:
             self.dist = first.new_empty((64, first.shape[1]))
             self.dist[:1] = first
         self.read = 1
+        self.memo: dict = {}  # what advance_targets keeps for the rows read (protocol.Prefixes), by slot
         long = lambda fill: torch.full((64,), fill, dtype=torch.long, device=device)  # noqa: E731
         self.parent, self.token, self.slot = long(-1), long(-1), long(-1)  # (capacity,) per row; slot -1: unread
         self.slot[0] = 0
@@ -40,7 +41,7 @@ class LMPool:
         """(R,) float64 ln p(tokens[i] | history of rows[i]), on the decoder's device."""
         self.read_rows(rows)
         if self.sparse:
-            lnp = self.model.advance_targets(Prefixes(self.state), self.slot[rows], tokens)  # (R,)
+            lnp = self.model.advance_targets(Prefixes(self.state, memo=self.memo), self.slot[rows], tokens)  # (R,)
             return lnp.to(self.device, torch.float64)
         at = self.dist.device
         return self.dist[self.slot[rows].to(at), tokens.to(at)].to(self.device, torch.float64)
@@ -114,10 +115,24 @@ class LMPool:
         order = torch.arange(n, device=at)
         order[free] = movers  # (N,) the old slot of each new one
         self.state = select_state(self.model, self.state, order)
+        _select_rows(self.memo, order)  # its tensors are by slot too
         position = torch.empty(self.read, dtype=torch.long, device=at)
         position[order] = torch.arange(n, device=at)
         self.read = n
         return position[old].to(self.device)
+
+
+def _select_rows(memo: dict, order: Tensor) -> None:
+    """Each tensor in `memo` (dicts in it too) becomes its rows `order` (protocol.Prefixes.memo: by row); one
+    without some of those rows (written before they were read) is dropped."""
+    last = int(order.max()) if len(order) else -1
+    for key, value in list(memo.items()):
+        if isinstance(value, dict):
+            _select_rows(value, order)
+        elif len(value) > last:
+            memo[key] = value.index_select(0, order.to(value.device))
+        else:
+            del memo[key]
 
 
 def _grown(x: Tensor, fill: float) -> Tensor:

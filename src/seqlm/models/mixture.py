@@ -256,7 +256,8 @@ class MixtureModel(LMBase):
         log_weights, mixed = self._log_weights(dev), None
         for i, (comp, s, c) in enumerate(zip(self.components, states, caches, strict=True)):
             ids = self.tables[i].to(targets.device)[targets]  # (N,) in its ids
-            lnp = comp.advance_targets(Prefixes(s, c), rows, ids).to(dev, torch.float64) + log_weights[i]  # (N,)
+            memo = None if prefixes.memo is None else prefixes.memo.setdefault(i, {})  # the component's own
+            lnp = comp.advance_targets(Prefixes(s, c, memo), rows, ids).to(dev, torch.float64) + log_weights[i]
             mixed = lnp if mixed is None else torch.logaddexp(mixed, lnp)
         if self.vocab.bos_id != self.vocab.eos_id:
             mixed = mixed.masked_fill(targets.to(dev) == self.vocab.bos_id, -torch.inf)

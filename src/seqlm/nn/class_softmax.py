@@ -134,10 +134,11 @@ class ClassSoftmax(nn.Module):
         return class_lp + word_lp
 
     @torch.no_grad()
-    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
+    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor, memo: dict | None = None) -> Tensor:
         """(N,) log P(targets[i] | h[rows[i]]) for a decoder's (history, word) pairs, h (B, H): each distinct row's
-        class distribution once, each distinct (row, class)'s within-class normaliser once, each target's own logit
-        a dot product. A few words per history: no (B, V) table."""
+        class distribution once, each distinct (row, class)'s within-class normaliser once (and, with a `memo`
+        kept for rows 0..B-1 across calls (protocol.Prefixes), once for all calls), each target's own logit a
+        dot product. A few words per history: no (B, V) table."""
         urows, r = torch.unique(rows, return_inverse=True)  # (R,), (N,)
         hu = h[urows]  # (R, H)
         cls = self.word_class[targets]  # (N,)
@@ -145,27 +146,51 @@ class ClassSoftmax(nn.Module):
         at = self.word_to_row[targets]  # (N,) the targets' weight rows
         w, b = self.word_proj.weight, self.word_proj.bias
         logit = upcast(torch.einsum("nh,nh->n", hu[r], w[at]) + b[at])  # (N,)
-        word_lp = torch.where(self.class_end[cls] - self.class_start[cls] > 1, logit - self._pair_norms(hu, r, cls),
-                              0.0)  # one-word classes: P(w|c,h) = 1
+        table = None if memo is None else self._norm_table(memo, len(h), logit.dtype)
+        word_lp = torch.where(self.class_end[cls] - self.class_start[cls] > 1,
+                              logit - self._pair_norms(hu, r, cls, urows, table), 0.0)  # one-word classes: P = 1
         return class_lp + word_lp  # (N,)
 
-    def _pair_norms(self, hu: Tensor, r: Tensor, cls: Tensor) -> Tensor:
-        """(N,) log sum_{w in cls[i]} exp(logit of w after hu[r[i]]): each distinct (row, class) once, one matmul
-        a class asked. (Reducing all the small classes of all rows at once, one matmul and `_class_lse`, was
-        slower for bench/decode.py's class LSTM: its decoder asks ~15 small classes a call, cheaper one by one.)"""
+    def _pair_norms(self, hu: Tensor, r: Tensor, cls: Tensor, urows: Tensor, table: Tensor | None) -> Tensor:
+        """(N,) log sum_{w in cls[i]} exp(logit of w after hu[r[i]]): each distinct (row, class) not in `table`
+        (B, C) (NaN: not known; filled here) once, one matmul a class asked. (Reducing all the small classes of
+        all rows at once, one matmul and `_class_lse`, was slower for bench/decode.py's class LSTM: its decoder
+        asks ~15 small classes a call, cheaper one by one.)"""
         R = len(hu)
         pairs, p = torch.unique(cls * R + r, return_inverse=True)  # (P,) by class, then row; (N,)
         pair_class, pair_row = pairs // R, pairs % R  # (P,), (P,)
+        if table is None:
+            norm, todo = hu.new_zeros(len(pairs), dtype=upcast(hu[:0]).dtype), None  # (P,)
+        else:
+            norm = table[urows[pair_row], pair_class]  # (P,)
+            todo = norm.isnan().nonzero().squeeze(1)  # (Q,) still grouped by class
+            pair_class, pair_row = pair_class[todo], pair_row[todo]
+        found = norm.new_zeros(len(pair_class))  # (Q,) 0 for one-word classes
         asked = torch.bincount(pair_class, minlength=self.num_classes)  # (C,)
-        norm = hu.new_zeros(len(pairs), dtype=upcast(hu[:0]).dtype)  # (P,) 0 for one-word classes
-        hp, w, b, first = hu[pair_row], self.word_proj.weight, self.word_proj.bias, 0  # hp (P, H): a slice a class
+        hp, w, b, first = hu[pair_row], self.word_proj.weight, self.word_proj.bias, 0  # hp (Q, H): a slice a class
         for c, n in zip(asked.nonzero().squeeze(1).tolist(), asked[asked > 0].tolist(), strict=True):
             words = slice(self._class_starts[c], self._class_starts[c] + self._class_sizes[c])
             if self._class_sizes[c] > 1:
                 logits = F.linear(hp[first:first + n], w[words], b[words])  # (n, |c|)
-                torch.logsumexp(upcast(logits), 1, out=norm[first:first + n])
+                torch.logsumexp(upcast(logits), 1, out=found[first:first + n])
             first += n
+        if todo is None:
+            return found[p]
+        table[urows[pair_row], pair_class] = found
+        norm[todo] = found
         return norm[p]
+
+    def _norm_table(self, memo: dict, rows: int, dtype: torch.dtype) -> Tensor:
+        """memo's (rows or more, C) table of within-class normalisers by row, NaN where not computed yet; grown
+        (doubled) to cover `rows`."""
+        table = memo.get("class_norms")
+        if table is None or len(table) < rows or table.dtype != dtype:
+            grown = torch.full((max(rows, 2 * (0 if table is None else len(table))), self.num_classes), torch.nan,
+                               dtype=dtype, device=self.class_start.device)
+            if table is not None and table.dtype == dtype:
+                grown[: len(table)] = table
+            memo["class_norms"] = table = grown
+        return table
 
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
         """(N,) training losses; with gradients on, fused (nn/cross_entropy.py ClassCrossEntropy)."""

@@ -51,7 +51,7 @@ class StateReadout:
         if not self.reads_targets():
             return super().advance_targets(prefixes, rows, targets)  # type: ignore[misc]
         h = self.readout(prefixes.state)  # (B, H)
-        return self.out.pair_log_probs(h, rows.to(h.device), targets.to(h.device))  # (N,)
+        return self.out.pair_log_probs(h, rows.to(h.device), targets.to(h.device), prefixes.memo)  # (N,)
 
     def step_targets(self, tokens: Tensor, state: Any, rows: Tensor, targets: Tensor) -> tuple[Tensor, Any]:
         """A lattice expander's arcs: ln p of targets (N,) after rows (N,) of the states read."""

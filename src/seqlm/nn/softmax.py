@@ -63,8 +63,8 @@ class FullSoftmax(nn.Module):
     def log_probs(self, h: Tensor) -> Tensor:
         return F.log_softmax(self._logits(h), dim=-1)  # (N, V)
 
-    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
-        """(N,) log P(targets[i] | h[rows[i]]), h (B, H)."""
+    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor, memo: dict | None = None) -> Tensor:
+        """(N,) log P(targets[i] | h[rows[i]]), h (B, H) (`memo` unused: ClassSoftmax's interface)."""
         return self.target_log_probs(h[rows], targets)
 
     def loss(self, h: Tensor, targets: Tensor) -> Tensor:
@@ -137,8 +137,8 @@ class AdaptiveSoftmax(nn.Module):
     def log_probs(self, h: Tensor) -> Tensor:
         return self.asm.log_prob(upcast(h))[:, self.word_to_rank]  # (N, V) in word-id order
 
-    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
-        """(N,) log P(targets[i] | h[rows[i]]), h (B, H)."""
+    def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor, memo: dict | None = None) -> Tensor:
+        """(N,) log P(targets[i] | h[rows[i]]), h (B, H) (`memo` unused: ClassSoftmax's interface)."""
         return self.target_log_probs(h[rows], targets)
 
 
