@@ -8,6 +8,8 @@ and the reference C++ toolkit, faster-rnnlm, run by this script in the same run.
     python bench/rnn_speed.py --threads 1 --bptt block --precision bf16   # bf16 products (rows ...-bf16-...)
     ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
         python bench/rnn_speed.py --threads 1 --bptt block --batch-sizes 512   # an AVX2-only CPU (rows ...-avx2-...)
+    python bench/rnn_speed.py --threads 1 --bptt block --batch-sizes 512,1024 --output tree   # faster-rnnlm's
+        # output: a hierarchical softmax on a Huffman tree (rows rnn-hH-tree-bB-...; no full-softmax row)
 
 Trains each configuration for a fixed wall time from scratch (speed only: the perplexity rows are in
 rnnlm_ptb.py) and evaluates PTB valid sentence by sentence. faster-rnnlm ($FASTER_RNNLM, the binary or
@@ -16,7 +18,7 @@ the same threads and H (sigmoid Elman, hierarchical softmax, BPTT 32, as its REA
 last words/s report is each row's `faster_rnnlm_words_per_s`. Without it the rows say so. Also reports
 the float32 matmul ceiling measured by this script at the model's layer shapes, for scale.
 
---quality-seconds S adds the row `rnn-hH-quality-Ss`: seqlm's rnn (class output, the last --batch-sizes)
+--quality-seconds S adds the row `rnn-hH-quality-Ss`: seqlm's rnn (--output, the last --batch-sizes)
 trained through its CLI with --max-minutes S/60, and faster-rnnlm trained for at most S seconds (its own
 schedule usually ends it first), one after the other; both then score PTB test (seqlm sentence by sentence
 and as one stream; faster-rnnlm by its -test entropy).
@@ -102,10 +104,11 @@ def faster_rnnlm_quality(binary: Path, threads: int, hidden: int, seconds: float
             "faster_rnnlm_oov_words": (test.stdout + test.stderr).count("\nOOV")}
 
 
-def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float, bptt: str, precision: str) -> dict:
-    """seqlm's rnn (class output, the rnn-fast recipe of rnnlm_ptb.py: tanh, BPTT 5) trained on PTB through
-    the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
-    flags = ["--hidden", str(hidden), "--output", "class", "--batch-size", str(batch), "--tau", "5",
+def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float, bptt: str, precision: str,
+                  output: str) -> dict:
+    """seqlm's rnn (the rnn-fast recipe of rnnlm_ptb.py: tanh, BPTT 5; class or tree output) trained on PTB
+    through the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
+    flags = ["--hidden", str(hidden), "--output", output, "--batch-size", str(batch), "--tau", "5",
              "--truncation", bptt, "--activation", "tanh", "--max-epochs", "100", "--max-minutes", f"{seconds / 60:g}",
              "--threads", str(threads), "--precision", precision]
     with tempfile.TemporaryDirectory(prefix="seqlm-rnn-") as tmp:
@@ -134,6 +137,8 @@ def main() -> None:
                    help="only profile this many training steps at each batch size (rows ...-profile)")
     p.add_argument("--bptt", default="exact", choices=["exact", "block"],
                    help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--truncation of rnn)")
+    p.add_argument("--output", default="class", choices=["class", "tree"],
+                   help="seqlm's output layer: class-factorised (and a full-softmax row), or the Huffman tree")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="seqlm's --precision: bf16 runs the matmuls in bf16 (states, softmaxes, updates in fp32)")
     args = p.parse_args()
@@ -153,7 +158,8 @@ def main() -> None:
     print({"faster_rnnlm": str(peer), "faster_rnnlm_words_per_s": peer_speed}, flush=True)
     rows = {}
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    for output, batch in [("class", b) for b in sizes] + [("full", sizes[0])]:
+    full = [("full", sizes[0])] if args.output == "class" else []  # class against full at equal H and batch
+    for output, batch in [(args.output, b) for b in sizes] + full:
         cfg = family("rnn").config()
         apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch, "truncation": args.bptt,
                                 "precision": args.precision})
@@ -173,6 +179,9 @@ def main() -> None:
         else:
             rows[key]["faster_rnnlm"] = "not found ($FASTER_RNNLM or ../shared/tools/faster-rnnlm): no comparison"
         print(rows[key], flush=True)
+    if not full:
+        merge_rows("rnn_speed", list(rows.values()))
+        return
     H, V, B = args.hidden, len(vocab), 64 * 20
     ceiling = matmul_gflops([(B, H, H), (B, H, 100), (B, H, V)], torch.float32)
     same = (rows[f"class-b{sizes[0]}"], rows[f"full-b{sizes[0]}"])  # equal H and batch
@@ -218,10 +227,12 @@ def quality_row(args: argparse.Namespace) -> None:
     run by this script one after the other, with the same threads and H."""
     batch = int(args.batch_sizes.split(",")[-1])
     size = "" if batch == 128 else f"-b{batch}"  # the rows from before other batch sizes were run keep their names
-    row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt, args.precision)}-{args.quality_seconds:g}s{size}",
+    tree = "-tree" if args.output == "tree" else ""
+    row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt, args.precision)}{tree}-{args.quality_seconds:g}s{size}",
            "seconds": args.quality_seconds, "threads": args.threads, "hidden": args.hidden, "batch_size": batch,
-           "bptt": args.bptt, "precision": args.precision,
-           **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt, args.precision)}
+           "bptt": args.bptt, "precision": args.precision, "output": args.output,
+           **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt, args.precision,
+                           args.output)}
     peer = faster_rnnlm()
     if peer:
         row.update(faster_rnnlm_quality(peer, args.threads, args.hidden, args.quality_seconds),

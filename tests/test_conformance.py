@@ -53,6 +53,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name: (family, `seqlm train` o
                             "--seq-len", "8"]),  # sparse_targets: read from the state (nn/readout.py)
     "lstm-adaptive": ("lstm", ["--hidden", "16", "--layers", "1", "--output", "adaptive", "--cutoffs", "4,8",
                                "--batch-size", "4", "--seq-len", "8"]),  # sparse_targets too
+    "rnn-tree": ("rnn", ["--hidden", "16", "--output", "tree", "--batch-size", "4", "--seq-len", "8"]),  # sparse too
     "lstm-nce": ("lstm", ["--hidden", "16", "--layers", "1", "--objective", "nce", "--noise-samples", "4",
                           "--batch-size", "4", "--seq-len", "8"]),
     "dae": ("dae", [*DAE, "--peek", "false"]),  # the equal-capacity baseline: an ordinary LM

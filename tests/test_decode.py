@@ -457,20 +457,22 @@ def test_a_sparse_pool_scores_what_the_pools_rows_score(kn3, monkeypatch):
         np.testing.assert_allclose([h.lm for h in a], [h.lm for h in b], atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["lstm", "rnn"])
-def test_a_class_output_model_is_scored_word_by_word_from_its_state(kn3, monkeypatch, name):
-    """A recurrent model with a class-factorised output declares sparse_targets (nn/readout.py): the pool asks
-    advance_targets for the words the beams end, read from the states, never a (V,) row; the same decode with
-    whole rows (the declaration turned off) gives the same n-best, the scores to float32 rounding; the pool
-    compacted often, so that the normalisers it keeps (protocol.Prefixes.memo) are dropped when rows move."""
+@pytest.mark.parametrize(("name", "output"), [("lstm", "class"), ("rnn", "class"), ("rnn", "tree")])
+def test_a_class_output_model_is_scored_word_by_word_from_its_state(kn3, monkeypatch, name, output):
+    """A recurrent model with a class-factorised (or tree) output declares sparse_targets (nn/readout.py): the
+    pool asks advance_targets for the words the beams end, read from the states, never a (V,) row; the same
+    decode with whole rows (the declaration turned off) gives the same n-best, the scores to float32 rounding;
+    the pool compacted often, so that the normalisers it keeps (protocol.Prefixes.memo) move with the rows."""
     from seqlm.config import apply_overrides
     from seqlm.decode import decoder as decoder_module
     from seqlm.registry import family, new_model
 
     vocab = kn3[1].vocab
     cfg = family(name).config()
-    apply_overrides([cfg], {"hidden": 16, "output": "class", "classes": 5})
+    apply_overrides([cfg], {"hidden": 16, "output": output, "classes": 5})
     model = new_model(name, cfg, vocab).eval()
+    if output == "tree":  # a fresh tree's scores do not depend on the history (zero weights)
+        torch.nn.init.normal_(model.out.weight, std=0.5)
     assert model.capabilities().sparse_targets
     _, _, _, labels, mats, _ = kn3
     decode_cfg = DecodeConfig(alpha=ALPHA, beta=BETA, beam_width=8, nbest=8, batch_size=7, prune_history=False)

@@ -4,6 +4,7 @@ normalisation of NCE-trained models, ZRegression against the true log-normaliser
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -60,6 +61,36 @@ def test_gather_dot_equals_autograds_gather_and_bmm(monkeypatch):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     for a, e in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_the_compiled_gather_dot_equals_the_twin(monkeypatch, with_lengths):
+    """float32 on the CPU runs _gather_dot.cpp; its values and gradients equal the blockwise twin's in float64
+    (to float32 rounding), with repeated ids and, with lengths, entries past each row's length 0 and without
+    gradient (the tree softmax's padded paths)."""
+    from seqlm.nn.nce import _kernel
+
+    if os.environ.get("SEQLM_NATIVE", "1") == "0":
+        pytest.skip("SEQLM_NATIVE=0: the twin alone runs")
+    assert _kernel(torch.zeros(1)) is not None  # built at install (setup.py) or on first use
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(37, 40, dtype=torch.float64, generator=g)  # (N, H): H not a multiple of 16
+    w, b = torch.randn(11, 40, dtype=torch.float64, generator=g), torch.randn(11, dtype=torch.float64, generator=g)
+    ids = torch.randint(0, 11, (37, 6), generator=g)  # (N, m)
+    lengths = torch.randint(0, 7, (37,), generator=g) if with_lengths else None
+    upstream = torch.randn(37, 6, dtype=torch.float64, generator=g)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        leaves = [x.to(dtype).requires_grad_() for x in (h, w, b)]
+        s = GatherDot.apply(*leaves, ids, lengths)  # (N, m)
+        results.append([s, *torch.autograd.grad((s * upstream.to(dtype)).sum(), leaves)])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    if with_lengths:
+        past = torch.arange(6) >= lengths[:, None]  # (N, m)
+        assert (results[0][0][past] == 0).all() and (results[1][0][past] == 0).all()
+        no_grad = (torch.arange(6) >= lengths[:, None]).all(1)  # rows whose every entry is past their length
+        assert (results[0][1][no_grad] == 0).all()
 
 
 def test_exact_distribution_of_nce_trained_model_sums_to_one():

@@ -45,12 +45,12 @@ def test_sdist_has_sources_and_wheel_has_modules(dist):
     with tarfile.open(sdist) as t:
         names = {Path(n).name for n in t.getnames()}
     assert {"_native.cpp", "_arpa_text.cpp", "_sort.cpp", "_buffers.h", "_tokens.cpp", "_search.cpp", "_dense.cpp",
-            "setup.py"} <= names
+            "_gather_dot.cpp", "setup.py"} <= names
     (wheel,) = dist.glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
     built = {Path(n).name.split(".")[0] for n in names if n.endswith((".so", ".pyd"))}
-    assert built == {"_seqlm_native", "_seqlm_tokens", "_seqlm_decode"}
+    assert built == {"_seqlm_native", "_seqlm_tokens", "_seqlm_decode", "_seqlm_nn"}
     assert not [n for n in names if n.endswith((".cpp", ".h"))]  # the wheel runs what it was built with
 
 

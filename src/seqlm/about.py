@@ -27,15 +27,17 @@ def version_text() -> str:
 
 
 def loop_status() -> dict[str, str]:
-    """'compiled' or why the Python fallback runs, for the n-gram loops, the tokenizer and the CTC decoder's frame
-    step (data/native.py; the decoder's fallback is its tensor search)."""
+    """'compiled' or why the Python fallback runs, for the n-gram loops, the tokenizer, the CTC decoder's frame
+    step and the gather-dot of NCE and the tree softmax (data/native.py; the decoder's fallback is its tensor
+    search)."""
     from seqlm.ngram import native as ngram_native
 
     ngram = [Path(ngram_native.__file__).with_name(f) for f in ngram_native.SOURCES]
     tokens = [Path(__file__).parent / "data" / "_tokens.cpp"]
     search = [Path(__file__).parent / "decode" / "_search.cpp"]
+    gather = [Path(__file__).parent / "nn" / "_gather_dot.cpp"]
     return {"ngram": _status("_seqlm_native", ngram), "tokenizer": _status("_seqlm_tokens", tokens),
-            "decoder": _status("_seqlm_decode", search)}
+            "decoder": _status("_seqlm_decode", search), "gather-dot": _status("_seqlm_nn", gather)}
 
 
 def _status(name: str, sources: list[Path]) -> str:

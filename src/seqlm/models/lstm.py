@@ -44,7 +44,7 @@ class LSTMConfig:
     dropout: float = 0.0  # on the embeddings, between layers and before the output layer
     # output weights = the embedding matrix (needs embed 0 or = hidden; --tied: its old name, still accepted)
     tie_embeddings: bool = False
-    output: str = "full"  # full | class (class-factorised softmax) | adaptive (torch's adaptive softmax)
+    output: str = "full"  # full | class (class-factorised softmax) | adaptive (torch's adaptive softmax) | tree (Huffman hierarchical softmax)
     classes: int = 0  # class output: number of classes; 0 = round(sqrt(V))
     cutoffs: str = ""  # adaptive output: cluster boundaries in frequency rank, e.g. 2000,10000; "" = 2k/10k/50k < V
     div_value: float = 4.0  # adaptive output: tail cluster i projects the state to hidden / div_value^i dimensions
@@ -58,7 +58,7 @@ class LSTMConfig:
         if self.embed < 0 or self.classes < 0:
             raise SeqlmError("--embed and --classes must be 0 (automatic) or positive")
         dropout_rate(self.dropout)
-        choice("output", self.output, ("full", "class", "adaptive"))
+        choice("output", self.output, ("full", "class", "adaptive", "tree"))
         if self.tail_bias and self.output != "adaptive":
             raise SeqlmError("--tail-bias applies to the adaptive output layer only (--output adaptive)")
         if self.tie_embeddings and self.embed not in (0, self.hidden):

@@ -19,12 +19,14 @@ Evaluation never uses this: the output layer normalises exactly (Sec. 3.4, "we e
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from seqlm.data.native import compiled
 from seqlm.nn.sparse_code import linear_rows
 
 
@@ -102,35 +104,65 @@ class NCE(nn.Module):
 
 
 class GatherDot(torch.autograd.Function):
-    """s[n, j] = W[ids[n, j]] . h[n] + b[ids[n, j]] for ids (N, m), a block of positions at a time: the (N, m, H)
-    gathered rows (52 MB at N = 640, m = 101, H = 200) and their gradient never exist whole, and the backward
-    pass adds each block's outer products into the one (V, H) gradient of W (tests/test_nce.py: equal to
-    autograd's gather and bmm). Products in W's dtype (fp32 under autocast too: this is memory-bound)."""
+    """s[n, j] = W[ids[n, j]] . h[n] + b[ids[n, j]] for ids (N, m), j < lengths[n] (all m without lengths; 0 past
+    it, and no gradient). Compiled (_gather_dot.cpp) for float32 on the CPU: each row of W read where it lies.
+    The twin, a block of positions at a time: the (N, m, H) gathered rows (52 MB at N = 640, m = 101, H = 200)
+    and their gradient never exist whole, and the backward pass adds each block's outer products into the one
+    (V, H) gradient of W. Both equal autograd's gather and bmm (tests/test_nce.py). Products in W's dtype (fp32
+    under autocast too: this is memory-bound)."""
 
     BLOCK = 32  # positions a block: 32 x 101 x 200 fp32 = 2.6 MB of rows, in cache while used
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, ids: Tensor) -> Tensor:
-        hw = h.to(weight.dtype)
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, ids: Tensor, lengths: Tensor | None = None) -> Tensor:
+        hw = h.to(weight.dtype).contiguous()
+        longs = ids.dtype == torch.int64 and (lengths is None or lengths.dtype == torch.int64)
+        kernel = _kernel(hw, weight, bias) if longs else None
+        mask = None if lengths is None else torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]  # (N, m)
+        ctx.save_for_backward(hw, weight, ids, lengths, mask)
+        ctx.h_dtype, ctx.compiled = h.dtype, kernel is not None
         s = torch.empty(ids.shape, dtype=weight.dtype, device=h.device)  # (N, m)
+        if kernel is not None:
+            kernel.gather_dot(_np(hw), _np(weight), _np(bias), _np(ids), _np(lengths), _np(s), hw.shape[1],
+                              ids.shape[1])
+            return s
         with torch.autocast(h.device.type, enabled=False):  # the backward pass runs without it too
             for i in range(0, ids.shape[0], GatherDot.BLOCK):
                 rows = slice(i, i + GatherDot.BLOCK)
                 s[rows] = torch.bmm(weight[ids[rows]], hw[rows].unsqueeze(2)).squeeze(2)  # (c, m)
-        ctx.save_for_backward(hw, weight, ids)
-        ctx.h_dtype = h.dtype
-        return s.add_(bias[ids])
+        s.add_(bias[ids])
+        return s if mask is None else s.masked_fill_(~mask, 0.0)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):
-        hw, weight, ids = ctx.saved_tensors
-        g = grad.to(weight.dtype)  # (N, m)
+        hw, weight, ids, lengths, mask = ctx.saved_tensors
+        g = grad.to(weight.dtype).contiguous()  # (N, m)
         grad_h, grad_w = torch.empty_like(hw), torch.zeros_like(weight)  # (N, H), (V, H)
+        grad_b = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device)  # (V,)
+        if ctx.compiled:
+            _kernel(hw, weight, grad_b).gather_dot_backward(_np(g), _np(hw), _np(weight), _np(ids), _np(lengths),
+                                                           _np(grad_h), _np(grad_w), _np(grad_b), hw.shape[1],
+                                                           ids.shape[1])
+            return grad_h.to(ctx.h_dtype), grad_w, grad_b, None, None
+        if mask is not None:
+            g = g.masked_fill(~mask, 0.0)
         for i in range(0, ids.shape[0], GatherDot.BLOCK):
             rows = slice(i, i + GatherDot.BLOCK)
             grad_h[rows] = torch.bmm(g[rows].unsqueeze(1), weight[ids[rows]]).squeeze(1)  # (c, H)
             outer = g[rows].unsqueeze(2) * hw[rows].unsqueeze(1)  # (c, m, H)
             grad_w.index_add_(0, ids[rows].flatten(), outer.flatten(0, 1))
-        grad_b = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device).index_add_(0, ids.flatten(), g.flatten())
-        return grad_h.to(ctx.h_dtype), grad_w, grad_b, None
+        grad_b.index_add_(0, ids.flatten(), g.flatten())
+        return grad_h.to(ctx.h_dtype), grad_w, grad_b, None, None
+
+
+def _kernel(*tensors: Tensor):
+    """The compiled gather-dot (_gather_dot.cpp) where it applies: float32 CPU tensors, the module built."""
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        return None
+    return compiled("_seqlm_nn", [Path(__file__).with_name("_gather_dot.cpp")])
+
+
+def _np(t: Tensor | None):
+    """A contiguous CPU tensor's numpy view (its memory, for the compiled calls), or None."""
+    return None if t is None else t.detach().contiguous().numpy()

@@ -1,8 +1,9 @@
 """A recurrent family's output read from its state, for decoders that score a few words per history.
 
 An Elman RNN's s(t) and an LSTM's top-layer h(t) are all that their output layer reads, and both are part of
-the state `step` returns. With a class-factorised or adaptive output (seqlm.nn.softmax), log P(w|h) of one word
-costs C + |c(w)| dot products (a head and one cluster), where `advance`'s (B, V) table costs V per row: a CTC
+the state `step` returns. With a class-factorised, adaptive or tree output (nn/class_softmax.py, softmax.py,
+tree_softmax.py), log P(w|h) of one word costs C + |c(w)| dot products (a head and one cluster; a tree: those
+of its path), where `advance`'s (B, V) table costs V per row: a CTC
 decoder with a word LM asks for the words its beams end, a handful per history (seqlm.decode.lmpool). Such a
 model declares `sparse_targets`: its `extend` steps the recurrence alone, `advance` and `advance_targets` read
 the output layer from the state (and `step_targets`, a lattice expander's arcs, as well). With the full
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 
 from seqlm.nn.class_softmax import ClassSoftmax
 from seqlm.nn.softmax import AdaptiveSoftmax
+from seqlm.nn.tree_softmax import TreeSoftmax
 from seqlm.protocol import Prefixes
 
 
@@ -35,7 +37,7 @@ class StateReadout:
 
     def reads_targets(self) -> bool:
         """The output layer prices one word below the whole table: what `sparse_targets` declares."""
-        return isinstance(self.out, (ClassSoftmax, AdaptiveSoftmax))
+        return isinstance(self.out, (ClassSoftmax, AdaptiveSoftmax, TreeSoftmax))
 
     def extend(self, prefixes: Prefixes, rows: Tensor, tokens: Tensor) -> Prefixes:
         if not self.reads_targets():

@@ -34,6 +34,7 @@ from seqlm.nn.class_softmax import ClassSoftmax
 from seqlm.nn.cross_entropy import linear_cross_entropy, upcast
 from seqlm.nn.nce import NCE
 from seqlm.nn.sparse_code import CodeBook, CodedEmbedding, CodedLinear, SparseCodes, codes_for_vocab, linear_rows
+from seqlm.nn.tree_softmax import TreeSoftmax
 
 
 class FullSoftmax(nn.Module):
@@ -191,10 +192,12 @@ def build_output(cfg: VocabLayerConfig, vocab: Vocab, hidden: int, embedding: nn
                  div_value: float = 4.0, tail_bias: bool = False) -> nn.Module:
     """The output layer a family's config asks for. With --codes the output shares `embedding`'s codes.
     `unigram_bias`: start from the unigram model (biases = log unigram probabilities; always so for NCE)."""
-    if output in ("class", "adaptive"):
+    if output in ("class", "adaptive", "tree"):
         if cfg.objective != "softmax" or cfg.codes:
             raise SeqlmError("--objective nce and --codes need the full output layer (--output full)")
         counts = torch.tensor(vocab.counts, dtype=torch.long, device="cpu").clamp(min=1)
+        if output == "tree":
+            return TreeSoftmax(hidden, counts)
         if output == "adaptive":
             return AdaptiveSoftmax(hidden, counts, adaptive_cutoffs(len(vocab), cutoffs), div_value, unigram_bias,
                                    tail_bias)

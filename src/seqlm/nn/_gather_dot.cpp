@@ -1,0 +1,145 @@
+// nn/nce.py's GatherDot in compiled code: s[n, j] = W[ids[n, j]] . h[n] + b[ids[n, j]] and its gradient, a row
+// of W read straight from the matrix (torch's twin gathers them into blocks of copies first). The tree softmax
+// (nn/tree_softmax.py) asks for its paths this way, NCE for its targets and noise words. float32 only; the
+// Python twin serves every other case and gives the same numbers to rounding (tests/test_tree_softmax.py).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "../ngram/_buffers.h"
+
+namespace {
+
+// One clone per instruction set, picked when the module loads: the wheel is built for any x86-64.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+float dot(const float *__restrict a, const float *__restrict b, int64_t n) {
+    float acc[16] = {0};  // 16 partial sums: one vector register's lanes
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += a[i + k] * b[i + k];
+    float s = 0;
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int k = 0; k < 16; k++) s += acc[k];
+    return s;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void axpy(float *__restrict y, float a, const float *__restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+struct Shapes {
+    int64_t N, H, M, m;
+};
+
+// The shapes the buffers agree on, or -1 with a ValueError: h (N, H), weight (M, H), bias (M,), ids (N, m) as
+// flat buffers with H and m given; every id in [0, M) or, where `lengths` (N,) is given, the first lengths[n].
+bool check(const Buffers &in, int h, int w, int b, int ids, int lengths, int64_t H, int64_t m, Shapes *s) {
+    s->H = H, s->m = m;
+    s->N = m > 0 ? in.b[ids].len / 8 / m : 0;
+    s->M = H > 0 ? in.b[w].len / 4 / H : 0;
+    bool ok = H > 0 && m > 0 && in.b[h].len == s->N * H * 4 && in.b[w].len == s->M * H * 4 &&
+              in.b[b].len == s->M * 4 && in.b[ids].len == s->N * m * 8 &&
+              (lengths < 0 || in.b[lengths].len == s->N * 8);
+    const int64_t *id = static_cast<const int64_t *>(in.b[ids].buf);
+    const int64_t *len = lengths < 0 ? nullptr : static_cast<const int64_t *>(in.b[lengths].buf);
+    for (int64_t n = 0; ok && n < s->N; n++) {
+        int64_t k = len ? len[n] : m;
+        ok = k >= 0 && k <= m;
+        for (int64_t j = 0; ok && j < k; j++) ok = id[n * m + j] >= 0 && id[n * m + j] < s->M;
+    }
+    if (!ok) PyErr_SetString(PyExc_ValueError, "gather_dot: shapes disagree or an id is out of range");
+    return ok;
+}
+
+}  // namespace
+
+static PyObject *gather_dot(PyObject *, PyObject *args) {
+    // gather_dot(h, weight, bias, ids, lengths or None, out, H, m): out[n, j] = weight[ids[n, j]] . h[n] +
+    // bias[ids[n, j]] for j < lengths[n] (all m without lengths), 0 past it
+    PyObject *o[6];
+    Py_ssize_t H, m;
+    if (!PyArg_ParseTuple(args, "OOOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &H, &m)) return NULL;
+    Buffers in;
+    bool lens = o[4] != Py_None;
+    if (!in.get(o[0]) || !in.get(o[1]) || !in.get(o[2]) || !in.get(o[3]) || (lens && !in.get(o[4])) ||
+        !in.get(o[5], true))
+        return NULL;
+    int out = lens ? 5 : 4;
+    Shapes s;
+    if (!check(in, 0, 1, 2, 3, lens ? 4 : -1, H, m, &s)) return NULL;
+    if (in.b[out].len != s.N * m * 4) {
+        PyErr_SetString(PyExc_ValueError, "gather_dot: out has the wrong size");
+        return NULL;
+    }
+    const float *h = static_cast<const float *>(in.b[0].buf), *w = static_cast<const float *>(in.b[1].buf);
+    const float *b = static_cast<const float *>(in.b[2].buf);
+    const int64_t *ids = in.i8(3), *len = lens ? in.i8(4) : nullptr;
+    float *s_out = static_cast<float *>(in.b[out].buf);
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t n = 0; n < s.N; n++) {
+        int64_t k = len ? len[n] : m;
+        for (int64_t j = 0; j < m; j++) {
+            int64_t id = ids[n * m + j];
+            s_out[n * m + j] = j < k ? dot(w + id * H, h + n * H, H) + b[id] : 0.0f;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *gather_dot_backward(PyObject *, PyObject *args) {
+    // gather_dot_backward(grad (N, m), h, weight, ids, lengths or None, grad_h out (N, H), grad_w (M, H) and
+    // grad_b (M,) added to, H, m): the gradients of gather_dot's entries j < lengths[n] (zeros skipped)
+    PyObject *o[8];
+    Py_ssize_t H, m;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &H, &m))
+        return NULL;
+    Buffers in;
+    bool lens = o[4] != Py_None;
+    if (!in.get(o[0]) || !in.get(o[1]) || !in.get(o[2]) || !in.get(o[3]) || (lens && !in.get(o[4])) ||
+        !in.get(o[5], true) || !in.get(o[6], true) || !in.get(o[7], true))
+        return NULL;
+    int at = lens ? 5 : 4;  // grad_h, grad_w, grad_b follow
+    Shapes s;
+    // grad_w and grad_b stand in for weight's and bias's shapes; weight itself is checked against grad_w
+    if (!check(in, 1, at + 1, at + 2, 3, lens ? 4 : -1, H, m, &s)) return NULL;
+    if (in.b[0].len != s.N * m * 4 || in.b[2].len != s.M * H * 4 || in.b[at].len != s.N * H * 4) {
+        PyErr_SetString(PyExc_ValueError, "gather_dot_backward: shapes disagree");
+        return NULL;
+    }
+    const float *g = static_cast<const float *>(in.b[0].buf), *h = static_cast<const float *>(in.b[1].buf);
+    const float *w = static_cast<const float *>(in.b[2].buf);
+    const int64_t *ids = in.i8(3), *len = lens ? in.i8(4) : nullptr;
+    float *gh = static_cast<float *>(in.b[at].buf), *gw = static_cast<float *>(in.b[at + 1].buf);
+    float *gb = static_cast<float *>(in.b[at + 2].buf);
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t n = 0; n < s.N; n++) {
+        float *ghn = gh + n * H;
+        memset(ghn, 0, H * sizeof(float));
+        int64_t k = len ? len[n] : m;
+        for (int64_t j = 0; j < k; j++) {
+            float gj = g[n * m + j];
+            if (gj == 0.0f) continue;
+            int64_t id = ids[n * m + j];
+            axpy(ghn, gj, w + id * H, H);
+            axpy(gw + id * H, gj, h + n * H, H);
+            gb[id] += gj;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef METHODS[] = {
+    {"gather_dot", gather_dot, METH_VARARGS, "gather_dot(h, weight, bias, ids, lengths, out, H, m)"},
+    {"gather_dot_backward", gather_dot_backward, METH_VARARGS,
+     "gather_dot_backward(grad, h, weight, ids, lengths, grad_h, grad_w, grad_b, H, m)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_seqlm_nn", NULL, -1, METHODS};
+
+PyMODINIT_FUNC PyInit__seqlm_nn(void) { return PyModule_Create(&MODULE); }
