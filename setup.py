@@ -21,9 +21,8 @@ EXTENSIONS = [
               language="c++"),
     Extension("seqlm.decode._seqlm_decode", ["src/seqlm/decode/_search.cpp"], depends=["src/seqlm/decode/_tables.h"],
               extra_compile_args=FLAGS, language="c++"),
-    # -O3: GCC vectorises the dot products' 16 partial sums there, not at -O2
     Extension("seqlm.nn._seqlm_nn", ["src/seqlm/nn/_gather_dot.cpp"], depends=["src/seqlm/ngram/_buffers.h"],
-              extra_compile_args=["-O3", "-std=c++17"], language="c++"),
+              extra_compile_args=FLAGS, language="c++"),
 ]
 
 

@@ -27,6 +27,8 @@ Rows, at beam widths B = 8 and 32:
   (`seqlm interpolate`, weights by EM on PTB valid), both through the decoder's batched `advance`;
   seqlm-lstmc-bB, seqlm-lstmc+kn5-bB: the same with bench/units.py's lstm-word-class (the same LSTM and
   budget, a class-factorised output: the words the beams end are scored from the states, `advance_targets`);
+  seqlm-lstmt-bB, seqlm-lstmt+kn5-bB: the same with lstm-word-tree (a hierarchical softmax on a Huffman tree:
+  a word costs the dot products of its path, no normaliser);
 - -hot200 rows (beam 32): the same decoders boosting 200 hotwords, the rarest words of the test transcripts by
   PTB train count, at pyctcdecode's default weight 10 (`hotwords_recalled`, in every row: how many of those
   words' occurrences the transcripts hold).
@@ -65,9 +67,9 @@ PEAK, NOISE, SEED = 5.0, 1.2, 0
 ALPHAS, BETAS = (0.2, 0.35, 0.5, 0.7), (-1.0, 0.0, 1.0, 2.0)
 LN10 = math.log(10)
 TIMED_RUNS, TIMED_SECONDS = 3, 60.0  # test decoded up to 3 times while under a minute was spent: best kept
-# the LSTMs of the seqlm-lstm* rows: bench/units.py's rows (seqlm-lstmc-bB: the class-factorised output, scored
-# word by word from its state: nn/readout.py)
-LSTMS = {"lstm": "lstm-word", "lstmc": "lstm-word-class"}
+# the LSTMs of the seqlm-lstm* rows: bench/units.py's rows (seqlm-lstmc-bB: the class-factorised output, -lstmt-:
+# the Huffman tree output, both scored word by word from the state: nn/readout.py)
+LSTMS = {"lstm": "lstm-word", "lstmc": "lstm-word-class", "lstmt": "lstm-word-tree"}
 HOTWORDS, HOT_WEIGHT = 200, 10.0  # -hot200 rows: the rarest test words (rare_words), pyctcdecode's default weight
 
 
@@ -300,8 +302,8 @@ def plot(rows: list[dict]) -> Path:
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
     kinds = ("decode-greedy", "pyctcdecode", "seqlm-kn5", "seqlm-char6", "flashlight-lexicon", "flashlight-lexfree",
-             "seqlm-lstmc+kn5", "seqlm-lstmc", "seqlm-lstm+kn5", "seqlm-lstm")
-    marks = dict(zip(kinds, "o^sDvPhpX*", strict=True))
+             "seqlm-lstmc+kn5", "seqlm-lstmc", "seqlm-lstmt+kn5", "seqlm-lstmt", "seqlm-lstm+kn5", "seqlm-lstm")
+    marks = dict(zip(kinds, "o^sDvPhpHdX*", strict=True))
     for r in rows:
         mark = next(m for k, m in marks.items() if r["name"].startswith(k))
         ax.scatter(r["ms_per_utterance"], 100 * r["wer"], marker=mark, s=50, label=r["name"])
@@ -322,7 +324,8 @@ def main() -> None:
     systems = ("pyctcdecode-kn5", "seqlm-kn5", "flashlight-lexicon-kn5", "flashlight-lexfree-char6", "seqlm-char6")
     names = ["decode-greedy"] + [f"{s}-b{b}" for b in beams for s in systems]
     names.append("seqlm-kn5-b32-batch1")
-    names += [f"seqlm-{lm}-b{b}" for b in beams for lm in ("lstm", "lstm+kn5", "lstmc", "lstmc+kn5")]
+    names += [f"seqlm-{lm}-b{b}" for b in beams for lm in ("lstm", "lstm+kn5", "lstmc", "lstmc+kn5", "lstmt",
+                                                            "lstmt+kn5")]
     names += [f"{s}-b32-hot{HOTWORDS}" for s in ("pyctcdecode-kn5", "seqlm-kn5", "seqlm-lstm+kn5")]
     p = row_parser(__doc__, ",".join(names), "fp32")
     p.add_argument("--utterances", type=int, default=200)

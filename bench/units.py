@@ -61,6 +61,7 @@ ROWS = {
     "kn20-char": ("kn", "ptb", "char", 20, None),
     "lstm-word": ("lstm", "ptb", "word", None, None),
     "lstm-word-class": ("lstm", "ptb", "word", None, None),  # class-factorised output (OUTPUT_FLAGS)
+    "lstm-word-tree": ("lstm", "ptb", "word", None, None),  # the Huffman tree output (OUTPUT_FLAGS)
     "lstm-sp1k": ("lstm", "ptb", "token", None, 1000),
     "lstm-sp4k": ("lstm", "ptb", "token", None, 4000),
     # 8k, not 10k: sentencepiece's unigram trainer refuses more than 8,626 pieces on PTB train
@@ -76,7 +77,7 @@ LSTM_FLAGS = ["--layers", "2", "--hidden", "200", "--sentence-independent", "tru
               "--precision", "fp32", "--max-epochs", "20"]
 LSTM_MINUTES = {"ptb": 10.0, "gcide": 20.0}
 # rows whose output layer is not the full softmax: bench/decode.py's LSTM read word by word from its state
-OUTPUT_FLAGS = {"lstm-word-class": ["--output", "class"]}
+OUTPUT_FLAGS = {"lstm-word-class": ["--output", "class"], "lstm-word-tree": ["--output", "tree"]}
 # rows estimated in bounded memory (lmplz -S): trained by `seqlm train` in its own process, its peak RSS measured
 MEMORY = {"kn20-char": "2G"}
 # GCIDE's word vocabulary: words seen twice (61k; its README's split)

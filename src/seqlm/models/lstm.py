@@ -44,7 +44,7 @@ class LSTMConfig:
     dropout: float = 0.0  # on the embeddings, between layers and before the output layer
     # output weights = the embedding matrix (needs embed 0 or = hidden; --tied: its old name, still accepted)
     tie_embeddings: bool = False
-    output: str = "full"  # full | class (class-factorised softmax) | adaptive (torch's adaptive softmax) | tree (Huffman hierarchical softmax)
+    output: str = "full"  # full | class (class-factorised) | adaptive (torch's) | tree (Huffman hierarchical softmax)
     classes: int = 0  # class output: number of classes; 0 = round(sqrt(V))
     cutoffs: str = ""  # adaptive output: cluster boundaries in frequency rank, e.g. 2000,10000; "" = 2k/10k/50k < V
     div_value: float = 4.0  # adaptive output: tail cluster i projects the state to hidden / div_value^i dimensions

@@ -50,7 +50,7 @@ class RNNConfig:
     hidden: int = 200  # size H of the recurrent state s(t)
     embed: int = 0  # 0: the embedding is the input weight matrix itself (the paper's U), size hidden
     activation: str = "sigmoid"  # of the recurrent layer: sigmoid (the paper) | tanh
-    output: str = "class"  # class: class-factorised softmax (the paper's speed-up) | full softmax | tree: Huffman hierarchical softmax (faster-rnnlm's -hs)
+    output: str = "class"  # class: class-factorised (the paper's speed-up) | full | tree: faster-rnnlm's -hs
     classes: int = 0  # word classes of the class output, by frequency; 0 = round(sqrt(V))
     dropout: float = 0.0  # on the input embedding and the output layer's input; 0 = the paper's model
     tau: int = 5  # BPTT(tau): every position's error flows back through tau steps (1 = plain back-propagation)

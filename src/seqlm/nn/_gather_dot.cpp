@@ -6,28 +6,51 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "../ngram/_buffers.h"
 
 namespace {
 
-// One clone per instruction set, picked when the module loads: the wheel is built for any x86-64.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-float dot(const float *__restrict a, const float *__restrict b, int64_t n) {
-    float acc[16] = {0};  // 16 partial sums: one vector register's lanes
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 16; k++) acc[k] += a[i + k] * b[i + k];
-    float s = 0;
-    for (; i < n; i++) s += a[i] * b[i];
-    for (int k = 0; k < 16; k++) s += acc[k];
-    return s;
-}
+// The dot product and the axpy a row at a time, compiled for three instruction sets. The module picks the best
+// this CPU has when it loads, capped like torch's own kernels where ATEN_CPU_CAPABILITY names a lower one
+// ("avx2", "default"): bench/rnn_speed.py measures an AVX2-only CPU that way.
+#define KERNELS(TARGET, SUFFIX)                                                                       \
+    TARGET float dot_##SUFFIX(const float *__restrict a, const float *__restrict b, int64_t n) {         \
+        float acc[16] = {0}; /* 16 partial sums: one vector register's lanes */                         \
+        int64_t i = 0;                                                                                  \
+        for (; i + 16 <= n; i += 16)                                                                    \
+            for (int k = 0; k < 16; k++) acc[k] += a[i + k] * b[i + k];                                 \
+        float s = 0;                                                                                    \
+        for (; i < n; i++) s += a[i] * b[i];                                                            \
+        for (int k = 0; k < 16; k++) s += acc[k];                                                       \
+        return s;                                                                                       \
+    }                                                                                                   \
+    TARGET void axpy_##SUFFIX(float *__restrict y, float a, const float *__restrict x, int64_t n) {      \
+        int64_t i = 0; /* blocks of 16, as dot's: GCC vectorises these at -O2 too */                    \
+        for (; i + 16 <= n; i += 16)                                                                    \
+            for (int k = 0; k < 16; k++) y[i + k] += a * x[i + k];                                      \
+        for (; i < n; i++) y[i] += a * x[i];                                                            \
+    }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void axpy(float *__restrict y, float a, const float *__restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+KERNELS(__attribute__((target("avx512f"))), avx512)
+KERNELS(__attribute__((target("avx2"))), avx2)
+KERNELS(, plain)
+
+float (*dot)(const float *, const float *, int64_t) = dot_plain;
+void (*axpy)(float *, float, const float *, int64_t) = axpy_plain;
+
+void pick_kernels() {
+    const char *cap = getenv("ATEN_CPU_CAPABILITY");
+    bool avx512 = !cap || (strcmp(cap, "avx2") != 0 && strcmp(cap, "default") != 0);
+    bool avx2 = !cap || strcmp(cap, "default") != 0;
+    __builtin_cpu_init();
+    if (avx512 && __builtin_cpu_supports("avx512f")) {
+        dot = dot_avx512, axpy = axpy_avx512;
+    } else if (avx2 && __builtin_cpu_supports("avx2")) {
+        dot = dot_avx2, axpy = axpy_avx2;
+    }
 }
 
 struct Shapes {
@@ -137,9 +160,15 @@ static PyMethodDef METHODS[] = {
     {"gather_dot", gather_dot, METH_VARARGS, "gather_dot(h, weight, bias, ids, lengths, out, H, m)"},
     {"gather_dot_backward", gather_dot_backward, METH_VARARGS,
      "gather_dot_backward(grad, h, weight, ids, lengths, grad_h, grad_w, grad_b, H, m)"},
+    {"isa", [](PyObject *, PyObject *) -> PyObject * {
+         return PyUnicode_FromString(dot == dot_avx512 ? "avx512f" : dot == dot_avx2 ? "avx2" : "default");
+     }, METH_NOARGS, "isa() -> the instruction set the kernels run with"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_seqlm_nn", NULL, -1, METHODS};
 
-PyMODINIT_FUNC PyInit__seqlm_nn(void) { return PyModule_Create(&MODULE); }
+PyMODINIT_FUNC PyInit__seqlm_nn(void) {
+    pick_kernels();
+    return PyModule_Create(&MODULE);
+}
