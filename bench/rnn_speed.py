@@ -105,12 +105,12 @@ def faster_rnnlm_quality(binary: Path, threads: int, hidden: int, seconds: float
 
 
 def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float, bptt: str, precision: str,
-                  output: str) -> dict:
-    """seqlm's rnn (the rnn-fast recipe of rnnlm_ptb.py: tanh, BPTT 5; class or tree output) trained on PTB
-    through the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
+                  output: str, activation: str) -> dict:
+    """seqlm's rnn (the rnn-fast recipe of rnnlm_ptb.py: tanh (or sigmoid), BPTT 5; class or tree output)
+    trained on PTB through the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
     flags = ["--hidden", str(hidden), "--output", output, "--batch-size", str(batch), "--tau", "5",
-             "--truncation", bptt, "--activation", "tanh", "--max-epochs", "100", "--max-minutes", f"{seconds / 60:g}",
-             "--threads", str(threads), "--precision", precision]
+             "--truncation", bptt, "--activation", activation, "--max-epochs", "100",
+             "--max-minutes", f"{seconds / 60:g}", "--threads", str(threads), "--precision", precision]
     with tempfile.TemporaryDirectory(prefix="seqlm-rnn-") as tmp:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "seqlm", "train", "--model", "rnn", "--data", str(ptb_dir()),
@@ -137,6 +137,8 @@ def main() -> None:
                    help="only profile this many training steps at each batch size (rows ...-profile)")
     p.add_argument("--bptt", default="exact", choices=["exact", "block"],
                    help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--truncation of rnn)")
+    p.add_argument("--activation", default="tanh", choices=["tanh", "sigmoid"],
+                   help="the quality row's recurrence (the speed rows: the family's default, sigmoid)")
     p.add_argument("--output", default="class", choices=["class", "tree"],
                    help="seqlm's output layer: class-factorised (and a full-softmax row), or the Huffman tree")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
@@ -227,12 +229,12 @@ def quality_row(args: argparse.Namespace) -> None:
     run by this script one after the other, with the same threads and H."""
     batch = int(args.batch_sizes.split(",")[-1])
     size = "" if batch == 128 else f"-b{batch}"  # the rows from before other batch sizes were run keep their names
-    tree = "-tree" if args.output == "tree" else ""
+    tree = ("-tree" if args.output == "tree" else "") + ("-sigmoid" if args.activation == "sigmoid" else "")
     row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt, args.precision)}{tree}-{args.quality_seconds:g}s{size}",
            "seconds": args.quality_seconds, "threads": args.threads, "hidden": args.hidden, "batch_size": batch,
-           "bptt": args.bptt, "precision": args.precision, "output": args.output,
+           "bptt": args.bptt, "precision": args.precision, "output": args.output, "activation": args.activation,
            **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt, args.precision,
-                           args.output)}
+                           args.output, args.activation)}
     peer = faster_rnnlm()
     if peer:
         row.update(faster_rnnlm_quality(peer, args.threads, args.hidden, args.quality_seconds),
