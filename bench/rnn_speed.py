@@ -105,12 +105,13 @@ def faster_rnnlm_quality(binary: Path, threads: int, hidden: int, seconds: float
 
 
 def seqlm_quality(threads: int, hidden: int, batch: int, seconds: float, bptt: str, precision: str,
-                  output: str, activation: str) -> dict:
+                  output: str, activation: str, dropout: float) -> dict:
     """seqlm's rnn (the rnn-fast recipe of rnnlm_ptb.py: tanh (or sigmoid), BPTT 5; class or tree output)
     trained on PTB through the CLI with --max-minutes, then PTB test sentence by sentence and as one stream."""
     flags = ["--hidden", str(hidden), "--output", output, "--batch-size", str(batch), "--tau", "5",
              "--truncation", bptt, "--activation", activation, "--max-epochs", "100",
-             "--max-minutes", f"{seconds / 60:g}", "--threads", str(threads), "--precision", precision]
+             "--max-minutes", f"{seconds / 60:g}", "--threads", str(threads), "--precision", precision,
+             "--dropout", f"{dropout:g}"]
     with tempfile.TemporaryDirectory(prefix="seqlm-rnn-") as tmp:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "seqlm", "train", "--model", "rnn", "--data", str(ptb_dir()),
@@ -139,6 +140,7 @@ def main() -> None:
                    help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--truncation of rnn)")
     p.add_argument("--activation", default="tanh", choices=["tanh", "sigmoid"],
                    help="the quality row's recurrence (the speed rows: the family's default, sigmoid)")
+    p.add_argument("--dropout", type=float, default=0.0, help="the quality row's --dropout (0: the recipe's)")
     p.add_argument("--output", default="class", choices=["class", "tree"],
                    help="seqlm's output layer: class-factorised (and a full-softmax row), or the Huffman tree")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
@@ -229,12 +231,13 @@ def quality_row(args: argparse.Namespace) -> None:
     run by this script one after the other, with the same threads and H."""
     batch = int(args.batch_sizes.split(",")[-1])
     size = "" if batch == 128 else f"-b{batch}"  # the rows from before other batch sizes were run keep their names
-    tree = ("-tree" if args.output == "tree" else "") + ("-sigmoid" if args.activation == "sigmoid" else "")
+    tree = (("-tree" if args.output == "tree" else "") + ("-sigmoid" if args.activation == "sigmoid" else "")
+            + (f"-drop{args.dropout:g}" if args.dropout else ""))
     row = {"name": f"rnn-h{args.hidden}-quality{_tag(args.bptt, args.precision)}{tree}-{args.quality_seconds:g}s{size}",
            "seconds": args.quality_seconds, "threads": args.threads, "hidden": args.hidden, "batch_size": batch,
            "bptt": args.bptt, "precision": args.precision, "output": args.output, "activation": args.activation,
-           **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt, args.precision,
-                           args.output, args.activation)}
+           "dropout": args.dropout, **seqlm_quality(args.threads, args.hidden, batch, args.quality_seconds, args.bptt,
+                                                    args.precision, args.output, args.activation, args.dropout)}
     peer = faster_rnnlm()
     if peer:
         row.update(faster_rnnlm_quality(peer, args.threads, args.hidden, args.quality_seconds),
