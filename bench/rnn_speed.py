@@ -140,7 +140,7 @@ def main() -> None:
                    help="seqlm's truncation: exact BPTT(5) per position, or rnnlm's block one (--truncation of rnn)")
     p.add_argument("--activation", default="tanh", choices=["tanh", "sigmoid"],
                    help="the quality row's recurrence (the speed rows: the family's default, sigmoid)")
-    p.add_argument("--dropout", type=float, default=0.0, help="the quality row's --dropout (0: the recipe's)")
+    p.add_argument("--dropout", type=float, default=0.0, help="seqlm's --dropout (0: the rows so far)")
     p.add_argument("--output", default="class", choices=["class", "tree"],
                    help="seqlm's output layer: class-factorised (and a full-softmax row), or the Huffman tree")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
@@ -166,13 +166,14 @@ def main() -> None:
     for output, batch in [(args.output, b) for b in sizes] + full:
         cfg = family("rnn").config()
         apply_overrides([cfg], {"output": output, "hidden": args.hidden, "batch_size": batch, "truncation": args.bptt,
-                                "precision": args.precision})
+                                "precision": args.precision, "dropout": args.dropout})
         words_s, model = train_speed("rnn", cfg, vocab, train, args.seconds)
         t = time.perf_counter()
         evaluate(model, valid)
         eval_s = len(valid.ids) / (time.perf_counter() - t)
         key = f"{output}-b{batch}"
-        rows[key] = {"name": f"rnn-h{args.hidden}-{key}{_tag(args.bptt, args.precision)}-speed",
+        drop = f"-drop{args.dropout:g}" if args.dropout else ""
+        rows[key] = {"name": f"rnn-h{args.hidden}-{key}{_tag(args.bptt, args.precision)}{drop}-speed",
                      "train_tokens_per_s": words_s, "eval_tokens_per_s": eval_s, "threads": args.threads,
                      "batch_size": batch, "bptt": args.bptt, "precision": args.precision,
                      "seq_len": cfg.train.seq_len, "optimizer": cfg.train.optimizer}
