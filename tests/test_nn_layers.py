@@ -439,3 +439,28 @@ def test_adaptive_cutoffs_default_and_refusals():
     for bad in ("50,10", "0,5", "10,100", "x"):
         with pytest.raises(SeqlmError):
             adaptive_cutoffs(100, bad)
+
+
+# --------------------------------------------------------------------------- ByteDropout
+@pytest.mark.parametrize("p", [0.25, 0.3, 0.5])
+def test_byte_dropout_drops_p_rounded_to_a_byte_and_keeps_the_expectation(p):
+    """Training: the share dropped is p rounded to a multiple of 1/256 (within sampling error over 2M elements),
+    the kept elements scaled so the mean is the input's, the gradient the same mask and scale; evaluation: the
+    input itself."""
+    from seqlm.nn.dropout import ByteDropout
+
+    torch.manual_seed(0)
+    layer = ByteDropout(p)
+    x = torch.full((512, 20, 200), 2.0, requires_grad=True)
+    y = layer(x)
+    kept = y != 0
+    q = 1 - round((1 - p) * 256) / 256  # the p it drops
+    assert abs(1 - kept.float().mean().item() - q) < 0.002  # sd of the share: sqrt(q (1 - q) / 2M) < 0.0004
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 2.0 / (1 - q)))
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(grad, kept.float() / (1 - q))
+    assert abs(y.mean().item() - 2.0) < 0.01
+    torch.manual_seed(0)
+    assert torch.equal(layer(x), y)  # the seed decides the mask
+    layer.eval()
+    assert layer(x) is x

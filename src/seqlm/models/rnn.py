@@ -31,6 +31,7 @@ from seqlm.data.batching import Planned, sentence_groups, sentence_rows, stream_
 from seqlm.data.corpus import TokenStream
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
+from seqlm.nn.dropout import ByteDropout
 from seqlm.nn.elman import Elman
 from seqlm.nn.readout import StateReadout
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
@@ -76,7 +77,7 @@ class RNNLM(StateReadout, LMBase, nn.Module):
                  tau: int, sentence_independent: bool, dropout: float = 0.0,
                  vocab_layers: VocabLayerConfig | None = None, truncation: str = "exact"):
         super().__init__()
-        self.drop = nn.Dropout(dropout)
+        self.drop = ByteDropout(dropout)  # torch's CPU dropout was 40% of a training step (nn/dropout.py)
         self.vocab, self.tau, self.sentence_independent = vocab, tau, sentence_independent
         self.truncation = truncation
         vl = vocab_layers or VocabLayerConfig()
