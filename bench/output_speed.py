@@ -29,7 +29,7 @@ from seqlm.train.precision import native_bf16
 
 from common import merge_rows, train_speed
 
-VARIANTS = ("full", "full-unfused", "nce", "nce-zreg", "adaptive", "class", "codes-ibias")
+VARIANTS = ("full", "full-unfused", "nce", "nce-zreg", "adaptive", "class", "tree", "codes-ibias")
 
 
 def autograd_cross_entropy(h, weight, bias, targets):

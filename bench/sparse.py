@@ -122,6 +122,7 @@ ALL_ENCODER = [*ENCODER[:-1], str(ALL_EPOCHS), "--min-improvement", "0"]
 ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias", "codes-cbias-prior")} | {
     "adaptive": VARIANTS["adaptive"],  # torch.nn.AdaptiveLogSoftmaxWithLoss (Grave et al. 2017)
     "class": ["--output", "class"],  # the rnn family's frequency-binned class output, sqrt(V) classes
+    "tree": ["--output", "tree"],  # a hierarchical softmax on a Huffman tree (faster-rnnlm's -hs)
     # the adaptive variant picked on the shortened recipe's valid split, out of the 17 ADAPTIVE rows tried
     "adaptive-tuned": VARIANTS["adaptive-c2k10k-div2-tailbias-lr0.006"],
     "full-lr0.006": ["--lr", "0.006"],  # (a) at the adaptive row's rate: equal terms for the rate too
