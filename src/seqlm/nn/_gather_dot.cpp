@@ -1,7 +1,7 @@
 // nn/nce.py's GatherDot in compiled code: s[n, j] = W[ids[n, j]] . h[n] + b[ids[n, j]] and its gradient, a row
 // of W read straight from the matrix (torch's twin gathers them into blocks of copies first). The tree softmax
 // (nn/tree_softmax.py) asks for its paths this way, NCE for its targets and noise words. float32 only; the
-// Python twin serves every other case and gives the same numbers to rounding (tests/test_tree_softmax.py).
+// Python twin serves every other case and gives the same numbers to rounding (tests/test_nce.py).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
