@@ -118,7 +118,9 @@ class GatherDot(torch.autograd.Function):
         hw = h.to(weight.dtype).contiguous()
         longs = ids.dtype == torch.int64 and (lengths is None or lengths.dtype == torch.int64)
         kernel = _kernel(hw, weight, bias) if longs else None
-        mask = None if lengths is None else torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]  # (N, m)
+        mask = None  # (N, m) the entries within each row's length, for the twin (the kernel reads lengths)
+        if lengths is not None and kernel is None:
+            mask = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]
         ctx.save_for_backward(hw, weight, ids, lengths, mask)
         ctx.h_dtype, ctx.compiled = h.dtype, kernel is not None
         s = torch.empty(ids.shape, dtype=weight.dtype, device=h.device)  # (N, m)
