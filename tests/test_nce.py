@@ -68,11 +68,11 @@ def test_the_compiled_gather_dot_equals_the_twin(monkeypatch, with_lengths):
     """float32 on the CPU runs _gather_dot.cpp; its values and gradients equal the blockwise twin's in float64
     (to float32 rounding), with repeated ids and, with lengths, entries past each row's length 0 and without
     gradient (the tree softmax's padded paths)."""
-    from seqlm.nn.nce import _kernel
+    from seqlm.nn.nce import compiled_for
 
     if os.environ.get("SEQLM_NATIVE", "1") == "0":
         pytest.skip("SEQLM_NATIVE=0: the twin alone runs")
-    assert _kernel(torch.zeros(1)) is not None  # built at install (setup.py) or on first use
+    assert compiled_for(torch.zeros(1)) is not None  # built at install (setup.py) or on first use
     g = torch.Generator().manual_seed(3)
     h = torch.randn(37, 40, dtype=torch.float64, generator=g)  # (N, H): H not a multiple of 16
     w, b = torch.randn(11, 40, dtype=torch.float64, generator=g), torch.randn(11, dtype=torch.float64, generator=g)

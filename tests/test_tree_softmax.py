@@ -88,3 +88,40 @@ def test_tree_softmax_gradients_equal_autograd_through_the_hand_product(dtype):
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.double(), b, atol=tol, rtol=tol)
+
+
+def test_inference_word_scores_in_one_compiled_pass_equal_the_hand_product():
+    """float32 without gradients: target_log_probs and pair_log_probs go through the compiled tree_pairs (the
+    decoder's path); they equal the float64 hand product, and the gradient path's own float32 numbers."""
+    layer = random_layer(torch.float32)
+    h = torch.randn(5, 6)
+    want = by_hand(random_layer(torch.float64), h.double())  # (N, V)
+    targets, rows = torch.tensor([0, 3, 8, 8, 5]), torch.tensor([4, 4, 0, 2, 1])
+    with torch.no_grad():
+        got_t, got_p = layer.target_log_probs(h, targets), layer.pair_log_probs(h, rows, targets)
+        assert layer._fused(h, rows, targets) is not None  # the compiled pass served them
+        with pytest.raises(ValueError, match="out of range"):
+            layer.pair_log_probs(h, torch.tensor([5]), targets[:1])
+    torch.testing.assert_close(got_t.double(), want[torch.arange(5), targets], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_p.double(), want[rows, targets], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_p, layer.pair_log_probs(h, rows, targets).detach(), atol=1e-6, rtol=1e-6)
+
+
+def test_inference_word_scores_stay_exact_at_extreme_scores():
+    """The compiled pass multiplies 1 + e^-x along a path and takes one log: a deep path of scores at -29
+    (28 of them: e^812, past a double's range without its 1e200 flush) and scores past -30 (the stable form)
+    give the hand product's numbers."""
+    counts = [2**k for k in range(30)]  # a path of 28 nodes for the rarest word
+    layer = TreeSoftmax(6, counts)
+    rare = 0
+    with torch.no_grad():
+        layer.bias[layer.path[rare, : layer.length[rare]]] = -29.0 * layer.sign[rare, : layer.length[rare]]
+        layer.weight[layer.path[1, 0]] = 40.0  # one node of another word's path: scores far past -30 or +30
+    h = torch.randn(3, 6)
+    want = by_hand(layer.double(), h.double())  # (N, V)
+    layer.float()
+    targets, rows = torch.tensor([rare, 1, 1, 5]), torch.tensor([0, 0, 1, 2])
+    with torch.no_grad():
+        got = layer.pair_log_probs(h, rows, targets)
+    assert want[0, rare] < -710  # past exp's range in double: the flush ran
+    torch.testing.assert_close(got.double(), want[rows, targets], atol=1e-4, rtol=1e-5)

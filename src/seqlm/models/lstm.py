@@ -22,6 +22,7 @@ from seqlm.config import TrainConfig, choice, dropout_rate, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.models.rnn import rnn_batches
+from seqlm.nn.lstm_step import LSTMStep
 from seqlm.nn.readout import StateReadout
 from seqlm.nn.softmax import VocabLayerConfig, build_embedding, build_output
 from seqlm.protocol import Batch, Capabilities, LMBase
@@ -102,6 +103,7 @@ class LSTMLM(StateReadout, LMBase, nn.Module):
         for name, p in self.lstm.named_parameters():
             nn.init.uniform_(p, -0.1, 0.1) if "weight" in name else nn.init.zeros_(p)
         self.drop = nn.Dropout(dropout)
+        self._step = LSTMStep()  # inference tables, made from the weights when first asked (not saved)
 
     def capabilities(self) -> Capabilities:
         # a model trained to restart at every sentence never learnt to use a carried state
@@ -168,7 +170,11 @@ class LSTMLM(StateReadout, LMBase, nn.Module):
         return self.out.log_probs(self.readout(state)), state  # (B, V)
 
     def recur(self, tokens: Tensor, state: State) -> State:
-        """The state after reading tokens (B,), the output layer not computed (nn/readout.py)."""
+        """The state after reading tokens (B,), the output layer not computed (nn/readout.py); at inference
+        through nn/lstm_step.py (a decoder's few rows at a time), else torch's LSTM."""
+        fast = self._step.step(self.lstm, self.embedding, len(self.vocab), tokens, state, self.parameters())
+        if fast is not None:
+            return fast  # ((L, B, H), (L, B, H))
         return self.lstm(self.embedding(tokens).unsqueeze(1), state)[1]  # ((L, B, H), (L, B, H))
 
     def readout(self, state: State) -> Tensor:

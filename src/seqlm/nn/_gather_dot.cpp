@@ -1,10 +1,12 @@
 // nn/nce.py's GatherDot in compiled code: s[n, j] = W[ids[n, j]] . h[n] + b[ids[n, j]] and its gradient, a row
 // of W read straight from the matrix (torch's twin gathers them into blocks of copies first). The tree softmax
-// (nn/tree_softmax.py) asks for its paths this way, NCE for its targets and noise words. float32 only; the
-// Python twin serves every other case and gives the same numbers to rounding (tests/test_nce.py).
+// (nn/tree_softmax.py) asks for its paths this way (and, at inference, for whole word scores: tree_pairs), NCE
+// for its targets and noise words. float32 only; the Python twin serves every other case and gives the same
+// numbers to rounding (tests/test_nce.py, tests/test_tree_softmax.py).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -156,10 +158,68 @@ static PyObject *gather_dot_backward(PyObject *, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *tree_pairs(PyObject *, PyObject *args) {
+    // tree_pairs(h (B, H), weight (M, H), bias (M,), path (V, D), sign (V, D) float32, rows (N,) or None,
+    // targets (N,), out (N,), H, D): out[n] = sum over j of log sigmoid(sign[t, j] (weight[path[t, j]] . h[r] +
+    // bias[path[t, j]])), t = targets[n], r = rows[n] (n without rows), j up to the first 0 in sign[t]:
+    // nn/tree_softmax.py's word scores at inference, gather, dot and sum in one pass, no (N, D) tensor between
+    PyObject *o[8];
+    Py_ssize_t H, D;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &H, &D))
+        return NULL;
+    Buffers in;
+    bool has_rows = o[5] != Py_None;
+    if (!in.get(o[0]) || !in.get(o[1]) || !in.get(o[2]) || !in.get(o[3]) || !in.get(o[4]) ||
+        (has_rows && !in.get(o[5])) || !in.get(o[6]) || !in.get(o[7], true))
+        return NULL;
+    int tg = has_rows ? 6 : 5, rw = has_rows ? 5 : -1;
+    int64_t B = H > 0 ? in.b[0].len / 4 / H : 0, M = H > 0 ? in.b[1].len / 4 / H : 0;
+    int64_t V = D > 0 ? in.b[3].len / 8 / D : 0, N = in.b[tg].len / 8;
+    bool ok = H > 0 && D > 0 && in.b[0].len == B * H * 4 && in.b[1].len == M * H * 4 && in.b[2].len == M * 4 &&
+              in.b[3].len == V * D * 8 && in.b[4].len == V * D * 4 && (!has_rows || in.b[rw].len == N * 8) &&
+              in.b[tg + 1].len == N * 4;
+    const int64_t *path = in.i8(3), *rows = has_rows ? in.i8(rw) : nullptr, *targets = in.i8(tg);
+    const float *sign = static_cast<const float *>(in.b[4].buf);
+    for (int64_t n = 0; ok && n < N; n++) {
+        ok = targets[n] >= 0 && targets[n] < V && (rows ? rows[n] >= 0 && rows[n] < B : n < B);
+        for (int64_t j = 0; ok && j < D && sign[targets[n] * D + j] != 0.0f; j++)
+            ok = path[targets[n] * D + j] >= 0 && path[targets[n] * D + j] < M;
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "tree_pairs: shapes disagree or an id is out of range");
+        return NULL;
+    }
+    const float *h = static_cast<const float *>(in.b[0].buf), *w = static_cast<const float *>(in.b[1].buf);
+    const float *b = static_cast<const float *>(in.b[2].buf);
+    float *out = static_cast<float *>(in.b[tg + 1].buf);
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t n = 0; n < N; n++) {
+        const float *hn = h + (rows ? rows[n] : n) * H, *sg = sign + targets[n] * D;
+        const int64_t *pt = path + targets[n] * D;
+        // log sigmoid(x) = -log(1 + e^-x): the terms multiplied in double and one log taken a word (or when the
+        // product passes 1e200; a term is below e^30 = 1e13), where a log a node cost a third of the time
+        double prod = 1.0, sum = 0.0;
+        for (int64_t j = 0; j < D && sg[j] != 0.0f; j++) {
+            if (j + 1 < D && sg[j + 1] != 0.0f) __builtin_prefetch(w + pt[j + 1] * H);
+            float x = sg[j] * (dot(w + pt[j] * H, hn, H) + b[pt[j]]);
+            if (x > -30.0f) {
+                prod *= 1.0 + exp(-double(x));
+                if (prod > 1e200) sum -= log(prod), prod = 1.0;
+            } else {
+                sum += x - log1p(exp(double(x)));  // e^-x would be the whole product: the stable form
+            }
+        }
+        out[n] = float(sum - log(prod));
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef METHODS[] = {
     {"gather_dot", gather_dot, METH_VARARGS, "gather_dot(h, weight, bias, ids, lengths, out, H, m)"},
     {"gather_dot_backward", gather_dot_backward, METH_VARARGS,
      "gather_dot_backward(grad, h, weight, ids, lengths, grad_h, grad_w, grad_b, H, m)"},
+    {"tree_pairs", tree_pairs, METH_VARARGS, "tree_pairs(h, weight, bias, path, sign, rows, targets, out, H, D)"},
     {"isa", [](PyObject *, PyObject *) -> PyObject * {
          return PyUnicode_FromString(dot == dot_avx512 ? "avx512f" : dot == dot_avx2 ? "avx2" : "default");
      }, METH_NOARGS, "isa() -> the instruction set the kernels run with"},

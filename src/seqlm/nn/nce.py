@@ -117,7 +117,7 @@ class GatherDot(torch.autograd.Function):
     def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, ids: Tensor, lengths: Tensor | None = None) -> Tensor:
         hw = h.to(weight.dtype).contiguous()
         longs = ids.dtype == torch.int64 and (lengths is None or lengths.dtype == torch.int64)
-        kernel = _kernel(hw, weight, bias) if longs else None
+        kernel = compiled_for(hw, weight, bias) if longs else None
         mask = None  # (N, m) the entries within each row's length, for the twin (the kernel reads lengths)
         if lengths is not None and kernel is None:
             mask = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]
@@ -125,8 +125,7 @@ class GatherDot(torch.autograd.Function):
         ctx.h_dtype, ctx.compiled = h.dtype, kernel is not None
         s = torch.empty(ids.shape, dtype=weight.dtype, device=h.device)  # (N, m)
         if kernel is not None:
-            kernel.gather_dot(_np(hw), _np(weight), _np(bias), _np(ids), _np(lengths), _np(s), hw.shape[1],
-                              ids.shape[1])
+            kernel.gather_dot(*map(numpy_view, (hw, weight, bias, ids, lengths, s)), hw.shape[1], ids.shape[1])
             return s
         with torch.autocast(h.device.type, enabled=False):  # the backward pass runs without it too
             for i in range(0, ids.shape[0], GatherDot.BLOCK):
@@ -143,9 +142,8 @@ class GatherDot(torch.autograd.Function):
         grad_h, grad_w = torch.empty_like(hw), torch.zeros_like(weight)  # (N, H), (V, H)
         grad_b = torch.zeros(weight.shape[0], dtype=g.dtype, device=g.device)  # (V,)
         if ctx.compiled:
-            _kernel(hw, weight, grad_b).gather_dot_backward(_np(g), _np(hw), _np(weight), _np(ids), _np(lengths),
-                                                           _np(grad_h), _np(grad_w), _np(grad_b), hw.shape[1],
-                                                           ids.shape[1])
+            buffers = map(numpy_view, (g, hw, weight, ids, lengths, grad_h, grad_w, grad_b))
+            compiled_for(hw, weight, grad_b).gather_dot_backward(*buffers, hw.shape[1], ids.shape[1])
             return grad_h.to(ctx.h_dtype), grad_w, grad_b, None, None
         if mask is not None:
             g = g.masked_fill(~mask, 0.0)
@@ -158,13 +156,13 @@ class GatherDot(torch.autograd.Function):
         return grad_h.to(ctx.h_dtype), grad_w, grad_b, None, None
 
 
-def _kernel(*tensors: Tensor):
+def compiled_for(*tensors: Tensor):
     """The compiled gather-dot (_gather_dot.cpp) where it applies: float32 CPU tensors, the module built."""
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return None
     return compiled("_seqlm_nn", [Path(__file__).with_name("_gather_dot.cpp")])
 
 
-def _np(t: Tensor | None):
+def numpy_view(t: Tensor | None):
     """A contiguous CPU tensor's numpy view (its memory, for the compiled calls), or None."""
     return None if t is None else t.detach().contiguous().numpy()

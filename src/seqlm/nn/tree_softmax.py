@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlm.nn.cross_entropy import upcast
-from seqlm.nn.nce import GatherDot
+from seqlm.nn.nce import GatherDot, compiled_for, numpy_view
 
 
 def huffman_paths(counts: Sequence[int] | Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -68,6 +68,9 @@ class TreeSoftmax(nn.Module):
 
     def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
         """(N,) log P(targets | h): each target's path, its rows gathered (GatherDot)."""
+        fused = self._fused(h, None, targets)
+        if fused is not None:
+            return fused
         s = GatherDot.apply(h, self.weight, self.bias, self.path[targets], self.length[targets])  # (N, D)
         sign = self.sign[targets].to(s.dtype)  # (N, D) 0 past the path
         return (F.logsigmoid(sign * s) * (sign != 0)).sum(1)  # (N,)
@@ -86,4 +89,19 @@ class TreeSoftmax(nn.Module):
 
     def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor, memo: dict | None = None) -> Tensor:
         """(N,) log P(targets[i] | h[rows[i]]), h (B, H): a path each (`memo` unused: ClassSoftmax's interface)."""
-        return self.target_log_probs(h[rows], targets)
+        fused = self._fused(h, rows, targets)
+        return self.target_log_probs(h[rows], targets) if fused is None else fused
+
+    def _fused(self, h: Tensor, rows: Tensor | None, targets: Tensor) -> Tensor | None:
+        """At inference in float32 on the CPU, the word scores in one compiled pass (a decoder asks for ~20 at a
+        time, where the tensors between GatherDot and the sum cost more than the dot products); else None."""
+        if torch.is_grad_enabled() and (h.requires_grad or self.weight.requires_grad):
+            return None
+        kernel = compiled_for(h, self.weight, self.bias, self.sign)
+        if kernel is None or self.path.shape[1] == 0:
+            return None
+        out = torch.empty(targets.shape[0], dtype=torch.float32)  # (N,)
+        rows = None if rows is None else rows.long()
+        buffers = map(numpy_view, (h, self.weight, self.bias, self.path, self.sign, rows, targets.long(), out))
+        kernel.tree_pairs(*buffers, self.hidden, self.path.shape[1])
+        return out
