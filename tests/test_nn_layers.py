@@ -464,3 +464,38 @@ def test_byte_dropout_drops_p_rounded_to_a_byte_and_keeps_the_expectation(p):
     assert torch.equal(layer(x), y)  # the seed decides the mask
     layer.eval()
     assert layer(x) is x
+
+
+def test_byte_dropout_compiled_in_float32_equals_its_tensor_twin():
+    """float32 goes through the compiled mask (byte_mask_mul), float64 through tensors: the same seed gives the
+    same mask, and both the outputs and the gradients of a random upstream gradient agree to float32 rounding."""
+    from seqlm.nn.dropout import ByteDropout
+
+    x = torch.randn(7, 33, 5)
+    upstream = torch.randn(7, 33, 5)
+    got = []
+    for dtype in (torch.float32, torch.float64):
+        xi = x.to(dtype).requires_grad_()
+        torch.manual_seed(3)
+        y = ByteDropout(0.3)(xi)
+        (g,) = torch.autograd.grad(y, xi, upstream.to(dtype))
+        got.append((y.detach().double(), g.double()))
+    (y32, g32), (y64, g64) = got
+    assert torch.equal(y32 == 0, y64 == 0) and 0 < int((y64 == 0).sum()) < x.numel()
+    torch.testing.assert_close(y32, y64, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(g32, g64, atol=1e-6, rtol=1e-6)
+
+
+def test_byte_dropouts_random_bytes_are_uniform_and_follow_the_seed():
+    """The compiled splitmix64 bytes: every value near 1/256 of 2^20 draws (4,096 expected; 5 sd ~ 320), the
+    ragged tail filled, and torch's seed deciding the stream."""
+    from seqlm.nn.dropout import _random_bytes
+
+    torch.manual_seed(0)
+    a = _random_bytes(2**20 + 3)
+    counts = torch.bincount(a.long(), minlength=256)
+    assert int(counts.min()) > 4096 - 320 and int(counts.max()) < 4096 + 320
+    assert a[-3:].ne(0).any()
+    torch.manual_seed(0)
+    assert torch.equal(_random_bytes(2**20 + 3), a)
+    assert not torch.equal(_random_bytes(2**20 + 3), a)
