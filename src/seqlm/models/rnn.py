@@ -115,12 +115,15 @@ class RNNLM(StateReadout, LMBase, nn.Module):
         # block: one backward pass through all c+T steps, as rnnlm's -bptt-block (one (B, H) x (H, H) matmul a
         # step instead of tau-1); each position then reaches back further than tau, never less
         tau = self.tau if torch.is_grad_enabled() and self.truncation == "exact" else None
-        h, last = self.rnn(self.drop(self.embedding(inputs)), state, tau)  # (B, c+T, H), (B, H)
+        # time first, the recurrence's own order: the batch is never transposed, only the ids and the scores
+        x = self.drop(self.embedding(inputs.T))  # (c+T, B, E)
+        h, last = self.rnn.forward_time_major(x, state, tau)  # (c+T, B, H), (B, H)
+        hs, targets = self.drop(h[c:]).flatten(0, 1), batch.targets.T.flatten()  # (T*B, H), (T*B,)
         if self.training:  # the output layer's own training loss (the contract in seqlm.train.steps)
-            loss = self.out.loss(self.drop(h[:, c:]).flatten(0, 1), batch.targets.flatten())  # (B*T,)
-            return None, self._next_state(inputs, h, state, last), loss.view(B, -1).masked_fill(~batch.mask, 0.0)
-        logp = self.out.target_log_probs(self.drop(h[:, c:]).flatten(0, 1), batch.targets.flatten())  # (B*T,)
-        return logp.view(B, -1).masked_fill(~batch.mask, 0.0), self._next_state(inputs, h, state, last)
+            loss = self.out.loss(hs, targets).view(-1, B).T  # (B, T)
+            return None, self._next_state(inputs, h, state, last), loss.masked_fill(~batch.mask, 0.0)
+        logp = self.out.target_log_probs(hs, targets).view(-1, B).T  # (B, T)
+        return logp.masked_fill(~batch.mask, 0.0), self._next_state(inputs, h, state, last)
 
     def _next_state(self, inputs: Tensor, h: Tensor, h0: Tensor, last: Tensor) -> Any:
         """What the next chunk of a stream starts from: the last state, or in training (see forward)
@@ -128,7 +131,7 @@ class RNNLM(StateReadout, LMBase, nn.Module):
         keep = min(self.tau - 1, inputs.shape[1])
         if keep == 0 or self.sentence_independent or not (self.training and torch.is_grad_enabled()):
             return last
-        start = h[:, -keep - 1] if keep < inputs.shape[1] else h0  # (B, H)
+        start = h[-keep - 1] if keep < inputs.shape[1] else h0  # (B, H); h is (c+T, B, H)
         return start, inputs[:, -keep:]
 
     def score(self, batch: Batch) -> Tensor:

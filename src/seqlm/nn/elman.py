@@ -211,17 +211,30 @@ class Elman(nn.Module):
             return self.weight_ih
         return torch.eye(self.hidden, dtype=self.weight_hh.dtype, device=x.device)  # (H, H)
 
+    def forward_time_major(self, x: Tensor, h0: Tensor, tau: int | None = None) -> tuple[Tensor, Tensor]:
+        """forward() with time first: x (T, B, I) -> (out (T, B, H), h_T (B, H)). The manual recurrence runs
+        in this order, so a caller that keeps it (models/rnn.py) saves two copies of the batch a step."""
+        if self.impl == "manual":
+            out = self._recur(x, h0, tau)  # (T, B, H)
+            return out, out[-1]
+        out, last = self.forward(x.transpose(0, 1), h0, tau)  # (B, T, H), (B, H)
+        return out.transpose(0, 1), last
+
     def _forward_manual(self, x: Tensor, h0: Tensor, tau: int | None = None) -> tuple[Tensor, Tensor]:
-        dtype, dev = self.weight_hh.dtype, x.device.type
+        out = self._recur(x.transpose(0, 1), h0, tau)  # (T, B, H)
+        return out.transpose(0, 1).contiguous(), out[-1]  # (B, T, H), (B, H)
+
+    def _recur(self, xt: Tensor, h0: Tensor, tau: int | None) -> Tensor:
+        """The manual recurrence on xt (T, B, I): out (T, B, H)."""
+        dtype, dev = self.weight_hh.dtype, xt.device.type
         # under autocast only the recurrent matmuls take its dtype (bf16 runs them several times faster
         # on CPUs with AVX512-BF16); states and gradients stay in the parameters' precision, so rounding
         # errors do not compound over time steps
         mm = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else dtype
         with torch.autocast(device_type=dev, enabled=False):
-            xt = x.transpose(0, 1).to(dtype)  # (T, B, I)
+            xt = xt.to(dtype)  # (T, B, I)
             pre = F.linear(xt, self.weight_ih, self.bias) if self.weight_ih is not None else xt + self.bias  # (T, B, H)
-            out = _ElmanBPTT.apply(pre, h0.to(dtype), self.weight_hh, self.activation, tau, mm)  # (T, B, H)
-        return out.transpose(0, 1).contiguous(), out[-1]  # (B, T, H), (B, H)
+            return _ElmanBPTT.apply(pre, h0.to(dtype), self.weight_hh, self.activation, tau, mm)  # (T, B, H)
 
     def _forward_fused(self, x: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
         rnn = self._rnn_template[0]
