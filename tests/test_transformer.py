@@ -10,6 +10,7 @@ import torch
 from seqlm.cli import main
 from seqlm.data.vocab import Vocab
 from seqlm.models.transformer import TransformerConfig, build_transformer
+from seqlm.nn.cross_entropy import linear_cross_entropy
 from seqlm.protocol import Batch
 
 from conftest import write_corpus
@@ -53,6 +54,27 @@ def test_step_with_cache_equals_full_forward(positions, tie):
         full = model.score(_batch(ids))[0]
         assert torch.allclose(_step_logp(model, ids), full, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_training_loss_is_the_fused_cross_entropy_with_autograds_numbers(monkeypatch, tie):
+    """With gradients on, the loss goes through nn/cross_entropy.py's fused linear cross-entropy: the same ln p
+    and the same parameter gradients as log_softmax over the logits, the reference path, in float64."""
+    import seqlm.models.transformer as family
+
+    calls = []
+    monkeypatch.setattr(family, "linear_cross_entropy", lambda *a: calls.append(1) or linear_cross_entropy(*a))
+    model = _model(tie=tie).double().train()
+    batch = _batch([3, 4, 5, 3, 7, 2])
+    logp = model(batch)[0]  # (B, T) fused
+    assert calls == [1]
+    grads = torch.autograd.grad(logp.sum(), list(model.parameters()))
+    h = model.windows(model.embed(batch.inputs), batch.resets)  # (B, T, D) what forward reads
+    want = torch.log_softmax(model.logits(h), -1).gather(2, batch.targets[..., None]).squeeze(2)  # (B, T)
+    ref = torch.autograd.grad(want.sum(), list(model.parameters()))
+    torch.testing.assert_close(logp, want.float())  # the family returns float32 scores
+    for a, b in zip(grads, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 def test_future_tokens_change_nothing():
     model = _model(context=16)
