@@ -84,3 +84,11 @@ def test_training_and_autograd_keep_torchs_lstm():
     model.train()
     with torch.no_grad():
         assert model._step.step(model.lstm, model.embedding, len(VOCAB), tokens, state, model.parameters()) is None
+
+
+def test_autocast_keeps_torchs_lstm():
+    """Under the CPU's autocast (bf16) the step is torch's, whose products autocast chooses."""
+    model = _model()
+    tokens, state = torch.tensor([2, 3]), _state(model, 2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model._step.step(model.lstm, model.embedding, len(VOCAB), tokens, state, model.parameters()) is None

@@ -71,7 +71,8 @@ class LSTMStep:
 def _applies(lstm: nn.LSTM) -> bool:
     """Inference on a plain LSTM: no autograd, no dropout between layers, no projection, one direction."""
     plain = type(lstm) is nn.LSTM and lstm.bias and lstm.proj_size == 0 and not lstm.bidirectional
-    return plain and not lstm.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled()
+    device = lstm.weight_hh_l0.device.type
+    return plain and not lstm.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled(device)
 
 
 def _cell(gates: Tensor, c: Tensor, H: int) -> tuple[Tensor, Tensor]:
