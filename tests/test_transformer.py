@@ -195,3 +195,24 @@ def test_bad_sizes_are_one_line_errors(tmp_path, capsys):
     assert main(["train", "--model", "transformer", "--data", str(corpus), "--out", str(tmp_path / "m"),
                  "--d-model", "10", "--heads", "3"]) == 2
     assert "multiple of --heads" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_with_dropout_written_out_equals_scaled_dot_product_attention(masked):
+    """In training with dropout the attention is computed by hand (ByteDropout on its weights): with the dropouts
+    made identities it equals torch's scaled_dot_product_attention, causal or under a segment mask, in float64;
+    with them it drops about p of the weights."""
+    from seqlm.nn.transformer import CausalSelfAttention, segment_layout
+
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(16, 4, dropout=0.25).double()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    mask = segment_layout(torch.tensor([[1, 0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 0, 1, 0]], dtype=torch.bool))[1] \
+        if masked else None
+    want = attn.eval()(x, mask)[0]  # scaled_dot_product_attention
+    attn.train()
+    attn.drop, attn.attn_drop = torch.nn.Identity(), torch.nn.Identity()
+    got = attn(x, mask)[0]
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    dropped = CausalSelfAttention(16, 4, dropout=0.25).train().attn_drop(torch.ones(64, 64, 64))
+    assert abs(float((dropped == 0).float().mean()) - 0.25) < 0.01

@@ -24,6 +24,7 @@ from seqlm.config import TrainConfig, choice, dropout_rate, positive
 from seqlm.data.vocab import Vocab
 from seqlm.errors import SeqlmError
 from seqlm.nn.cross_entropy import linear_cross_entropy
+from seqlm.nn.dropout import ByteDropout
 from seqlm.nn.transformer import Block, segment_layout, sinusoidal_positions
 from seqlm.protocol import Batch, Capabilities, LMBase
 
@@ -98,7 +99,7 @@ class TransformerLM(LMBase, nn.Module):
             self.pos = nn.Parameter(torch.zeros(context, d_model))
         else:
             self.register_buffer("pos", sinusoidal_positions(context, d_model), persistent=False)
-        self.drop = nn.Dropout(dropout)
+        self.drop = ByteDropout(dropout)  # a byte a mask element, not bernoulli_'s float (nn/dropout.py)
         self.blocks = nn.ModuleList(Block(d_model, heads, d_ff, dropout) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
         # tied: no separate parameter, so safetensors never sees two names for one tensor
