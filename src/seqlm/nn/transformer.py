@@ -47,16 +47,18 @@ class CausalSelfAttention(nn.Module):
                    for t in self.qkv(x).split(D, dim=-1))  # each (B, H, T, Dh)
         if cache is not None:
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (B, H, S, Dh)
-        if self.training and self.dropout > 0:
+        dropout = self.dropout if self.training else 0.0
+        if dropout > 0 and x.device.type == "cpu":
             y = self._attend_dropped(q, k, v, mask)  # (B, H, T, Dh)
-        else:  # with a cache the new queries see every key: no mask needed
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and cache is None)
+        else:  # (a GPU's fused kernels draw their own dropout); with a cache the new queries see every key
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                               is_causal=mask is None and cache is None)  # (B, H, T, Dh)
         y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.drop(self.proj(y)), (k, v)
 
     def _attend_dropped(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """Attention with dropout on its weights, written out: scaled_dot_product_attention's own dropout draws a
-        float per weight with torch's bernoulli_ (on the CPU, with a mask, it runs these same products anyway),
+        """Attention with dropout on its weights, written out, on the CPU: scaled_dot_product_attention's own dropout
+        draws a float per weight with torch's bernoulli_ (there, with a mask, it runs these same products anyway),
         ByteDropout a byte (nn/dropout.py): 529 against 653 ms a bf16 step of the 4 x 256 recipe with the other
         dropouts (a throwaway timing). The softmax in float32 at least, as autocast's own would."""
         T, S = q.shape[2], k.shape[2]
