@@ -68,7 +68,7 @@ def test_the_compiled_gather_dot_equals_the_twin(monkeypatch, with_lengths):
     """float32 on the CPU runs _gather_dot.cpp; its values and gradients equal the blockwise twin's in float64
     (to float32 rounding), with repeated ids and, with lengths, entries past each row's length 0 and without
     gradient (the tree softmax's padded paths)."""
-    from seqlm.nn.nce import compiled_for
+    from seqlm.nn.kernels import compiled_for
 
     if os.environ.get("SEQLM_NATIVE", "1") == "0":
         pytest.skip("SEQLM_NATIVE=0: the twin alone runs")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from seqlm.nn.nce import compiled_for, numpy_view
+from seqlm.nn.kernels import compiled_for, numpy_view
 
 
 class ByteDropout(nn.Module):
@@ -44,7 +44,7 @@ class ByteDropout(nn.Module):
 def _random_bytes(n: int) -> Tensor:
     """(n,) uint8 uniform bytes, decided by torch's default generator (so by the seed): one int64 from it seeds
     the compiled splitmix64 stream; without the module, torch's own 64 random bits at a time."""
-    kernel = compiled_for(torch.zeros(0))
+    kernel = compiled_for()
     if kernel is None:
         words = torch.empty((n + 7) // 8, dtype=torch.int64).random_(-(2**63), 2**63 - 1)  # (W,) 64 random bits
         return words.view(torch.uint8)[:n]

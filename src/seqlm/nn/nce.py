@@ -19,14 +19,13 @@ Evaluation never uses this: the output layer normalises exactly (Sec. 3.4, "we e
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from seqlm.data.native import compiled
+from seqlm.nn.kernels import compiled_for, numpy_view
 from seqlm.nn.sparse_code import linear_rows
 
 
@@ -155,14 +154,3 @@ class GatherDot(torch.autograd.Function):
         grad_b.index_add_(0, ids.flatten(), g.flatten())
         return grad_h.to(ctx.h_dtype), grad_w, grad_b, None, None
 
-
-def compiled_for(*tensors: Tensor):
-    """The compiled gather-dot (_gather_dot.cpp) where it applies: float32 CPU tensors, the module built."""
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-        return None
-    return compiled("_seqlm_nn", [Path(__file__).with_name("_gather_dot.cpp")])
-
-
-def numpy_view(t: Tensor | None):
-    """A contiguous CPU tensor's numpy view (its memory, for the compiled calls), or None."""
-    return None if t is None else t.detach().contiguous().numpy()

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlm.nn.cross_entropy import upcast
-from seqlm.nn.nce import GatherDot, compiled_for, numpy_view
+from seqlm.nn.kernels import compiled_for, numpy_view
+from seqlm.nn.nce import GatherDot
 
 
 def huffman_paths(counts: Sequence[int] | Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -69,8 +70,10 @@ class TreeSoftmax(nn.Module):
     def target_log_probs(self, h: Tensor, targets: Tensor) -> Tensor:
         """(N,) log P(targets | h): each target's path, its rows gathered (GatherDot)."""
         fused = self._fused(h, None, targets)
-        if fused is not None:
-            return fused
+        return self._gathered(h, targets) if fused is None else fused
+
+    def _gathered(self, h: Tensor, targets: Tensor) -> Tensor:
+        """target_log_probs through GatherDot: autograd, and every dtype and device."""
         s = GatherDot.apply(h, self.weight, self.bias, self.path[targets], self.length[targets])  # (N, D)
         sign = self.sign[targets].to(s.dtype)  # (N, D) 0 past the path
         return (F.logsigmoid(sign * s) * (sign != 0)).sum(1)  # (N,)
@@ -90,7 +93,7 @@ class TreeSoftmax(nn.Module):
     def pair_log_probs(self, h: Tensor, rows: Tensor, targets: Tensor, memo: dict | None = None) -> Tensor:
         """(N,) log P(targets[i] | h[rows[i]]), h (B, H): a path each (`memo` unused: ClassSoftmax's interface)."""
         fused = self._fused(h, rows, targets)
-        return self.target_log_probs(h[rows], targets) if fused is None else fused
+        return self._gathered(h[rows], targets) if fused is None else fused
 
     def _fused(self, h: Tensor, rows: Tensor | None, targets: Tensor) -> Tensor | None:
         """At inference in float32 on the CPU, the word scores in one compiled pass (a decoder asks for ~20 at a
