@@ -111,6 +111,16 @@ def test_stream_equals_the_array_walk(name: str) -> None:
 
 
 @needs_oracle
+def test_stream_refuses_starts_out_of_order_or_range() -> None:
+    model = NGramModel.from_arpa(ORACLE / "kn3.arpa.gz")
+    ids = np.zeros(4, dtype=np.int64)
+    for starts in ([0, 3, 2, 4], [0, 2, 5], [-1, 4]):
+        for scorer in _scorers(model):
+            with pytest.raises(ValueError, match="starts"):
+                compiled_stream(scorer, ids, np.array(starts), model.vocab.bos_id)
+
+
+@needs_oracle
 def test_full_scores_equal_the_id_walk() -> None:
     model = NGramModel.from_arpa(ORACLE / "kn5.arpa.gz")
     words = (ORACLE / "query.txt").read_text().split()[:300] + ["<unk>", "no-such-word"]

@@ -214,9 +214,21 @@ static int walk_lanes(const Scorer *s, const int64_t *ids, const uint8_t *starts
     return 0;
 }
 
+// The first token of each non-empty sentence of `starts` (S + 1,) set in `mask` (T,); -1 if they are not
+// non-decreasing within [0, T].
+static int start_mask(const int64_t *starts, Py_ssize_t S1, Py_ssize_t T, uint8_t *mask) {
+    memset(mask, 0, (size_t)T);
+    for (Py_ssize_t i = 0; i < S1; i++) {
+        if (starts[i] < 0 || starts[i] > T || (i > 0 && starts[i] < starts[i - 1])) return -1;
+        if (i > 0 && starts[i] > starts[i - 1]) mask[starts[i - 1]] = 1;
+    }
+    return 0;
+}
+
 static PyObject *Scorer_stream(Scorer *self, PyObject *args) {
-    // stream(ids i8 (N,), starts u1 (N,), bos, logp f8 (N,) out, length i8 (N,) out): sentences laid end to
-    // end, the context reset to <s> where starts is set; the whole walk without a Python step per token
+    // stream(ids i8 (N,), starts i8 (S + 1,), bos, logp f8 (N,) out, length i8 (N,) out): sentences laid end
+    // to end (sentence i is ids[starts[i] : starts[i + 1]]), the context reset to <s> where one begins; the
+    // whole walk without a Python step per token
     PyObject *a[4];
     long long bos;
     Py_buffer b[4];
@@ -226,11 +238,16 @@ static PyObject *Scorer_stream(Scorer *self, PyObject *args) {
         if (PyObject_GetBuffer(a[got], &b[got], PyBUF_C_CONTIGUOUS | (got < 2 ? 0 : PyBUF_WRITABLE)) < 0) break;
     if (got == 4) {
         Py_ssize_t T = b[0].len / 8;
-        if (b[1].len != T || b[2].len != T * 8 || b[3].len != T * 8)
+        uint8_t *mask = (uint8_t *)malloc(T ? (size_t)T : 1);
+        if (b[1].len % 8 || b[2].len != T * 8 || b[3].len != T * 8)
             PyErr_SetString(PyExc_ValueError, "stream: arrays of different lengths");
+        else if (!mask)
+            PyErr_NoMemory();
+        else if (start_mask((const int64_t *)b[1].buf, b[1].len / 8, T, mask) < 0)
+            PyErr_SetString(PyExc_ValueError, "stream: sentence starts out of order or range");
         else
-            bad = walk_lanes(self, (const int64_t *)b[0].buf, (const uint8_t *)b[1].buf, T, bos, (double *)b[2].buf,
-                             (int64_t *)b[3].buf);
+            bad = walk_lanes(self, (const int64_t *)b[0].buf, mask, T, bos, (double *)b[2].buf, (int64_t *)b[3].buf);
+        free(mask);
     }
     while (got-- > 0) PyBuffer_Release(&b[got]);
     if (bad) return NULL;

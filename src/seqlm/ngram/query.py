@@ -313,10 +313,9 @@ class NGramQuery:
 def compiled_stream(scorer, ids: np.ndarray, starts: np.ndarray, bos: int) -> tuple[np.ndarray, np.ndarray]:
     """score_stream's numbers from the compiled walk (scalar.py): one pass over the tokens."""
     n = len(ids)
-    is_start = np.zeros(n, dtype=bool)  # (N,)
-    is_start[starts[:-1][np.diff(starts) > 0]] = True
     logp, length = np.empty(n), np.empty(n, dtype=np.int64)  # (N,)
-    scorer.stream(np.ascontiguousarray(ids, dtype=np.int64), is_start, bos, logp, length)
+    scorer.stream(np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(starts, dtype=np.int64), bos,
+                  logp, length)
     return logp, length
 
 

@@ -83,11 +83,15 @@ class ScalarScorer:
         return float(np.cumsum(probs, dtype=np.float32)[-1]) if len(probs) else 0.0
 
     def stream(self, ids: np.ndarray, starts: np.ndarray, bos: int, logp: np.ndarray, length: np.ndarray) -> None:
-        """Score sentences laid end to end (ids (N,) int64), the context reset to <s> where starts (N,) bool
-        is set, into logp (N,) float64 and length (N,) int64."""
+        """Score sentences laid end to end (ids (N,) int64; sentence i is ids[starts[i] : starts[i + 1]]), the
+        context reset to <s> where one begins, into logp (N,) float64 and length (N,) int64."""
+        starts = np.asarray(starts, dtype=np.int64)  # (S + 1,)
+        if np.any(np.diff(starts) < 0) or (len(starts) and (starts[0] < 0 or starts[-1] > len(ids))):
+            raise ValueError("stream: sentence starts out of order or range")
+        begins = set(starts[:-1][np.diff(starts) > 0].tolist())
         context: tuple[int, ...] = ()
-        for t, (w, start) in enumerate(zip(ids.tolist(), starts.tolist(), strict=True)):
-            logp[t], length[t], context = self.score((bos,) if start else context, w)
+        for t, w in enumerate(ids.tolist()):
+            logp[t], length[t], context = self.score((bos,) if t in begins else context, w)
 
     def base_score(self, in_state, word: str, out_state) -> float:
         """kenlm's BaseScore: log10 p(word | in_state.words); out_state.words becomes the context after it."""
