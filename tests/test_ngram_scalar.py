@@ -158,7 +158,8 @@ def test_score_corpus_on_text_equals_sentence_by_sentence() -> None:
     v = query.vocab
     reference = ScalarScorer(query.model, v.stoi, v.unk_id)  # str.split() and a dict lookup per word
     lines = (ORACLE / "query.txt").read_text().splitlines()[:80]
-    odd = [" the\u3000 cat\tsat\x0b ", "no-such-word <unk> \u00a0the", "\u00e9t\u00e9 \u2028 mi\u00df"]
+    odd = [" the\u3000 cat\tsat\x0b ", "no-such-word <unk> \u00a0the", "\u00e9t\u00e9 \u2028 mi\u00df",
+           "the \ud800 cat"]  # lone surrogate: no UTF-8, so Python's split amid the compiled lookups
     for sentences in (lines + odd, lines + ["", "  "], lines + ["a\nb"], [ln.split() for ln in lines[:5]],
                       lines[:3] + [lines[3].split()],  # text, then a word list: all in Python
                       iter(lines[:7]), []):

@@ -251,6 +251,65 @@ PyObject *Scorer_kenlm_score(Scorer *self, PyObject *const *args, Py_ssize_t nar
     return on_sentence(self, args, nargs, kwnames, sentence_score_from);
 }
 
+// A corpus's words are looked up DEPTH words after their lexicon slot is prefetched, so that the slot misses
+// of several words overlap (one at a time, each waited for its slot).
+namespace {
+constexpr int DEPTH = 8;
+struct Pending {
+    const unsigned char *p;
+    Py_ssize_t n;
+    uint64_t h;
+    size_t at;  // where its id goes
+};
+
+class Lookups {
+  public:
+    Lookups(const Scorer *s, std::vector<int64_t> &ids) : s(s), ids(ids) {}
+    void add(const unsigned char *p, Py_ssize_t n) {
+        uint64_t h = lexicon_hash(p, n);
+        __builtin_prefetch(&s->lexicon.slots[h & s->lexicon.mask]);
+        if (used == DEPTH) resolve(ring[next]); else used++;
+        ring[next] = {p, n, h, ids.size()};
+        next = (next + 1) % DEPTH;
+        ids.push_back(s->unk);
+    }
+    void flush() {
+        for (int i = 0; i < used; i++) resolve(ring[(next + DEPTH - used + i) % DEPTH]);
+        used = 0;
+    }
+  private:
+    void resolve(const Pending &w) {
+        int64_t id = lexicon_find_hashed(&s->lexicon, w.p, w.n, w.h);
+        if (id >= 0) ids[w.at] = id;
+    }
+    const Scorer *s;
+    std::vector<int64_t> &ids;
+    Pending ring[DEPTH];
+    int used = 0, next = 0;
+};
+}  // namespace
+
+// A sentence's words appended to `ids` through `lookups` (str.split()'s white space, _utf8_space.h), or, for a
+// str without UTF-8 (lone surrogates) or a Scorer without a lexicon, through text_ids; -1 with an exception set.
+static int append_text(const Scorer *s, PyObject *text, std::vector<int64_t> &ids, Lookups &lookups,
+                       std::vector<int64_t> &words) {
+    Py_ssize_t n;
+    const unsigned char *p = s->lexicon.slots ? (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+    if (!p) {
+        if (text_ids(s, text, words) < 0) return -1;
+        ids.insert(ids.end(), words.begin(), words.end());
+        return 0;
+    }
+    for (const unsigned char *end = p + n; p < end;) {
+        int skip = space(p, end);
+        if (skip) { p += skip; continue; }
+        const unsigned char *word = p;
+        while (p < end && !space(p, end)) p++;
+        lookups.add(word, p - word);
+    }
+    return 0;
+}
+
 PyObject *Scorer_encode(Scorer *self, PyObject *sentences) {
     // encode(list of str) -> (ids int64 bytes, starts int64 bytes): each sentence's words (str.split()) then
     // </s>, as NGramQuery.score_corpus lays them end to end; starts (S + 1,) where each begins
@@ -259,16 +318,16 @@ PyObject *Scorer_encode(Scorer *self, PyObject *sentences) {
     Py_ssize_t S = PyList_GET_SIZE(sentences);
     std::vector<int64_t> ids, words, starts(1, 0);
     starts.reserve((size_t)S + 1);
+    Lookups lookups(self, ids);
     for (Py_ssize_t i = 0; i < S; i++) {
         PyObject *text = PyList_GET_ITEM(sentences, i);
         if (!PyUnicode_Check(text)) { PyErr_SetString(PyExc_TypeError, "encode takes a list of str"); return NULL; }
-        if (text_ids(self, text, words) < 0) return NULL;
-        ids.insert(ids.end(), words.begin(), words.end());
+        if (append_text(self, text, ids, lookups, words) < 0) return NULL;
         ids.push_back(self->eos);
         starts.push_back((int64_t)ids.size());
     }
+    lookups.flush();
     static const char none[1] = {0};  // y# turns a NULL pointer (an empty vector's data) into None
     return Py_BuildValue("(y#y#)", ids.empty() ? none : (const char *)ids.data(), (Py_ssize_t)(ids.size() * 8),
                          (const char *)starts.data(), (Py_ssize_t)(starts.size() * 8));
 }
-

@@ -74,14 +74,17 @@ static inline uint64_t lexicon_hash(const unsigned char *p, Py_ssize_t n) {
     return h ^ (h >> 32);  // the high bits into the low ones the mask keeps
 }
 
-// The id of the word whose UTF-8 bytes are p[:n]; -1 if it is not in the vocabulary.
-static inline int64_t lexicon_find(const Lexicon *lex, const unsigned char *p, Py_ssize_t n) {
-    uint64_t h = lexicon_hash(p, n);
+// The id of the word whose UTF-8 bytes are p[:n] and hash h (lexicon_hash); -1 if it is not in the vocabulary.
+static inline int64_t lexicon_find_hashed(const Lexicon *lex, const unsigned char *p, Py_ssize_t n, uint64_t h) {
     for (uint64_t i = h & lex->mask;; i = (i + 1) & lex->mask) {
         const LexiconSlot *e = &lex->slots[i];
         if (e->id == EMPTY) return -1;
         if (e->hash == h && e->len == (uint64_t)n && memcmp(lex->pool + e->at, p, (size_t)n) == 0) return e->id;
     }
+}
+
+static inline int64_t lexicon_find(const Lexicon *lex, const unsigned char *p, Py_ssize_t n) {
+    return lexicon_find_hashed(lex, p, n, lexicon_hash(p, n));
 }
 
 typedef struct {
