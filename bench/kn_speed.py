@@ -12,7 +12,10 @@ Both rows use GCIDE (../shared/data/gcide, decompressed to a temporary folder fi
   build_binary of seqlm's ARPA (the same model), then, round after round (best of `--rounds`), scores the
   test set: BaseScore once per word from the same Python loop, full_scores and score per sentence, and batched
   (seqlm.ngram.NGramQuery.score_corpus on ids and on text lines, against kenlm.Model.score per sentence,
-  kenlm having no batch call). The log10 p of both agree (`max_abs_diff_vs_kenlm`). `entry_tables_mb`: the
+  kenlm having no batch call). Each timed call starts from a collected heap (gc.collect() first): the per-word
+  tuples of full_scores otherwise set off Python's full collections in whichever call crossed the threshold,
+  and which call that was, not the library, decided the full_scores ratio.
+  The log10 p of both agree (`max_abs_diff_vs_kenlm`). `entry_tables_mb`: the
   memory of seqlm's per-call entry tables (seqlm.ngram.scalar; kenlm.Config's LoadMethod.LAZY leaves them out).
 Ratios are seqlm / KenLM measured in the same run (the row says how loaded the machine was). Writes
 bench/results/kn_speed.json.
@@ -21,6 +24,7 @@ bench/results/kn_speed.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import json
 import os
@@ -87,6 +91,7 @@ def worker_scoring(args: argparse.Namespace) -> dict:
 def _per_call(m, state_type, lines: list[str]) -> float:
     """Seconds to score every word by BaseScore, as a decoder calls it."""
     s, t = state_type(), state_type()
+    gc.collect()
     t0 = time.perf_counter()
     for line in lines:
         m.BeginSentenceWrite(s)
@@ -98,6 +103,7 @@ def _per_call(m, state_type, lines: list[str]) -> float:
 
 
 def _timed(fn) -> float:
+    gc.collect()
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
