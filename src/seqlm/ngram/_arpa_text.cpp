@@ -113,27 +113,37 @@ PyObject *seqlm_arpa_lines(PyObject *, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "arpa_lines: array sizes disagree");
         return NULL;
     }
-    std::string out;
-    out.reserve(static_cast<size_t>(m) * (2 * TEXT + 8 * k));
-    char num[TEXT];
+    // one pass to check the ids and size the text exactly but for the numbers (at most TEXT bytes each), then
+    // the lines written straight into the bytes object: no intermediate string, no copy
+    Py_ssize_t bound = m * (2 * TEXT + 3);
+    for (Py_ssize_t i = 0; i < m * k; i++) {
+        int64_t w = words[i];
+        if (w < 0 || w >= W || wstart[w] < 0 || wlen[w] < 1 || wstart[w] + wlen[w] > text_len) {
+            PyErr_SetString(PyExc_ValueError, "arpa_lines: a word id without text");
+            return NULL;
+        }
+        bound += wlen[w];
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, bound);
+    if (!out) return NULL;
+    char *put = PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < m; i++) {
-        out.append(num, cached_text(prob[i], num) - num);
-        out.push_back('\t');
+        put = cached_text(prob[i], put);
+        *put++ = '\t';
         for (int j = 0; j < k; j++) {
             int64_t w = words[i * k + j];
-            if (w < 0 || w >= W || wstart[w] < 0 || wlen[w] < 1 || wstart[w] + wlen[w] > text_len) {
-                PyErr_SetString(PyExc_ValueError, "arpa_lines: a word id without text");
-                return NULL;
-            }
-            out.append(text + wstart[w] + (j == 0), wlen[w] - (j == 0));
+            size_t n = static_cast<size_t>(wlen[w] - (j == 0));
+            memcpy(put, text + wstart[w] + (j == 0), n);
+            put += n;
         }
         if (backoff) {
-            out.push_back('\t');
-            out.append(num, cached_text(backoff[i], num) - num);
+            *put++ = '\t';
+            put = cached_text(backoff[i], put);
         }
-        out.push_back('\n');
+        *put++ = '\n';
     }
-    return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
+    if (_PyBytes_Resize(&out, put - PyBytes_AS_STRING(out)) < 0) return NULL;
+    return out;
 }
 
 PyObject *seqlm_float32_texts(PyObject *, PyObject *args) {
