@@ -70,6 +70,24 @@ def test_the_compiled_sort_refuses_negative_keys() -> None:
     assert key.tolist() == [3, -1, 2]  # refused before anything moved
 
 
+def test_the_compiled_runs_refuse_arrays_that_do_not_fit() -> None:
+    ext = extension()
+    if ext is None:
+        require_env("the compiled loops could not be built here")
+    work = np.array([5 << 2 | 1, 5 << 2 | 3, 7 << 2 | 0, 7 << 2 | 2], dtype=np.int64)  # packed, 2 bits
+    assert ext.sorted_runs(work, 2, None, None, None, None, None) == 2
+    uniq, first, cnt, inv = (np.zeros(n, dtype=np.int64) for n in (2, 2, 2, 4))
+    assert ext.sorted_runs(work, 2, None, uniq, first, cnt, inv) == 2
+    assert (uniq.tolist(), first.tolist(), cnt.tolist(), inv.tolist()) == ([5, 7], [1, 0], [2, 2], [1, 0, 1, 0])
+    one = np.zeros(1, dtype=np.int64)
+    with pytest.raises(ValueError, match="runs do not match"):  # room for one run where there are two
+        ext.sorted_runs(work, 2, None, one, one.copy(), one.copy(), None)
+    with pytest.raises(ValueError, match="runs do not match"):  # a position past the array
+        ext.sorted_runs(np.array([9 << 2 | 3], dtype=np.int64), 2, None, one, one.copy(), one.copy(), None)
+    with pytest.raises(ValueError, match="do not fit"):  # a permutation of another length
+        ext.sorted_runs(work, 0, np.arange(3), uniq, first, cnt, None)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.binary(min_size=1, max_size=300), st.lists(st.tuples(st.integers(0, 299), st.integers(0, 20)), max_size=80))
 def test_compiled_assemble_equals_numpy_and_slicing(data: bytes, pieces: list[tuple[int, int]]) -> None:

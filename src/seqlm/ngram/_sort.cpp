@@ -99,3 +99,70 @@ PyObject *seqlm_radix_sort(PyObject *, PyObject *args) {
     Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;
 }
+
+namespace {
+
+// The runs of equal keys of a sorted array, where element i has key key_of(i) at position pos_of(i) (the stable
+// order: within a run positions ascend). Without uniq (nullptr) only their number M is counted; else each
+// run's key, first position and length go to uniq, first, count (each of m = M entries), and inverse[position]
+// = its run's number where inverse is given. -1 where positions run past n or the runs are not m.
+template <typename Key, typename Pos>
+Py_ssize_t runs(Py_ssize_t n, Key key_of, Pos pos_of, int64_t *uniq, int64_t *first, int64_t *count,
+                int64_t *inverse, Py_ssize_t m) {
+    Py_ssize_t M = 0;
+    if (!uniq) {
+        for (Py_ssize_t i = 0; i < n; i++) M += i == 0 || key_of(i) != key_of(i - 1);
+        return M;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t key = key_of(i), pos = pos_of(i);
+        bool opens = i == 0 || key != uniq[M - 1];
+        if (pos < 0 || pos >= n || (opens && M == m)) return -1;
+        if (opens) {
+            uniq[M] = key;
+            first[M] = pos;
+            count[M++] = 0;
+        }
+        count[M - 1]++;
+        if (inverse) inverse[pos] = M - 1;
+    }
+    return M == m ? M : -1;
+}
+
+}  // namespace
+
+PyObject *seqlm_sorted_runs(PyObject *, PyObject *args) {
+    // sorted_runs(work i8 (P,), bits, perm i8 (P,) or None, uniq i8 (M,) or None, first, count, inverse or None)
+    // -> M: the runs of equal keys that counts.unique reads after its sort, in one pass where numpy took a
+    // dozen (shift, mask, compare, nonzero, gather, cumsum, scatter, diff). Without perm, `work` holds sorted
+    // `key << bits | position` values (the packed sort); with it, sorted keys and perm their stable argsort
+    // (bits unused). With uniq None only M is counted; else uniq, first (the run's first position) and count
+    // (its length) get M entries each, and inverse[position] = the position's run.
+    PyObject *o[6];
+    int bits;
+    if (!PyArg_ParseTuple(args, "OiOOOOO", &o[0], &bits, &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
+    Buffers in;  // work[, perm][, uniq, first, count[, inverse]]
+    bool packed = o[1] == Py_None, fill = o[2] != Py_None, with_inverse = fill && o[5] != Py_None;
+    if (!in.get(o[0]) || (!packed && !in.get(o[1]))) return NULL;
+    for (int i = 2; fill && i < (with_inverse ? 6 : 5); i++)
+        if (!in.get(o[i], true)) return NULL;
+    Py_ssize_t n = in.len_i8(0), m = fill ? in.len_i8(packed ? 1 : 2) : 0;
+    int at = packed ? 1 : 2;  // uniq's buffer
+    if ((packed && (bits < 1 || bits > 62)) || (!packed && in.len_i8(1) != n) ||
+        (fill && (in.len_i8(at + 1) != m || in.len_i8(at + 2) != m || (with_inverse && in.len_i8(at + 3) != n)))) {
+        PyErr_SetString(PyExc_ValueError, "sorted_runs: the arrays' sizes (or bits) do not fit");
+        return NULL;
+    }
+    const int64_t *work = in.i8(0), *perm = packed ? nullptr : in.i8(1), mask = (int64_t{1} << bits) - 1;
+    int64_t *uniq = fill ? in.i8(at) : nullptr, *first = fill ? in.i8(at + 1) : nullptr;
+    int64_t *count = fill ? in.i8(at + 2) : nullptr, *inverse = with_inverse ? in.i8(at + 3) : nullptr;
+    Py_ssize_t M = packed ? runs(n, [&](Py_ssize_t i) { return work[i] >> bits; },
+                                 [&](Py_ssize_t i) { return work[i] & mask; }, uniq, first, count, inverse, m)
+                          : runs(n, [&](Py_ssize_t i) { return work[i]; }, [&](Py_ssize_t i) { return perm[i]; },
+                                 uniq, first, count, inverse, m);
+    if (M < 0) {
+        PyErr_SetString(PyExc_ValueError, "sorted_runs: the runs do not match the arrays given");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(M);
+}

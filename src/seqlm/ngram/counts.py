@@ -141,17 +141,26 @@ def unique(key: np.ndarray, overwrite: bool = False, runs: bool = False, inverse
         return uniq, first, out if inverse else None, cnt
     bits = max(int(n - 1).bit_length(), 1)
     work = key if overwrite else key.copy()  # (P,)
+    packed = not runs and int(key.max()) < 1 << (63 - bits)
     if runs:
         perm = np.argsort(work, kind="stable")  # (P,)
         work[:] = work[perm]
-    elif int(key.max()) < 1 << (63 - bits):
+    elif packed:
         work <<= bits
         work |= np.arange(n, dtype=np.int64)
         sort_keys(work)
-        perm = work & ((1 << bits) - 1)  # (P,) the stable argsort of key
-        work >>= bits  # (P,) key sorted
+        perm = None
     else:
         perm = sort_keys(work, stable_argsort=True)
+    if (ext := extension()) is not None:  # what follows, in one compiled pass (_sort.cpp sorted_runs)
+        m = ext.sorted_runs(work, bits, perm, None, None, None, None)
+        uniq, first, cnt = (np.empty(m, dtype=np.int64) for _ in range(3))
+        out = np.empty(n, dtype=np.int64) if inverse else None
+        ext.sorted_runs(work, bits, perm, uniq, first, cnt, out)
+        return uniq, first, out, cnt
+    if packed:
+        perm = work & ((1 << bits) - 1)  # (P,) the stable argsort of key
+        work >>= bits  # (P,) key sorted
     new = np.empty(n, dtype=bool)  # (P,) where a run of equal keys begins
     new[0] = True
     np.not_equal(work[1:], work[:-1], out=new[1:])
