@@ -17,6 +17,7 @@ beside lmplz with the same budget on the same file in the same run.
 - `big-kn5-frac0.125/0.25/0.5`: the first fraction of the train lines (the corpus is sampled
   sentence by sentence, so a prefix is a smaller corpus of the same kind): seconds and peaks of both.
 Budgets are binary: 4G = 4 GiB = 4096 MiB, as lmplz -S and seqlm --memory read them; RSS and disk in MiB.
+Each side starts after os.sync(), so that neither pays for write-back of gigabytes written before it.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def fresh(tmp: Path, name: str) -> Path:
 
 def seqlm_side(train: Path, tmp: Path, name: str, budget: str, prune: str | None) -> tuple[dict, Path]:
     scratch = fresh(tmp, f"seqlm-{name}")
+    os.sync()  # each side starts with no write-back of earlier gigabytes pending (theirs, ours, anyone's)
     with DiskPeak(scratch / "tables") as tables, DiskPeak(scratch / "tables", scratch / "cache") as disk:
         est, wall, rss = worker("estimate_big", text=train, order=5, out=scratch / "out", memory=budget,
                                 prune=prune, scratch=scratch)
@@ -143,6 +145,7 @@ def lmplz_side(kb: Path, train: Path, test: Path | None, tmp: Path, name: str, b
                prune: str | None) -> dict:
     scratch = fresh(tmp, f"lmplz-{name}")
     arpa = scratch / "out" / "lmplz.arpa"
+    os.sync()
     cmd = [str(kb / "lmplz"), "-o", "5", "-S", budget, "-T", str(scratch / "tables"), "--discount_fallback"]
     cmd += ["--prune", *prune.split()] if prune else []
     with DiskPeak(scratch / "tables") as disk:
