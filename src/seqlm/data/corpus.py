@@ -81,8 +81,7 @@ def read_sentences(path: str | Path, raw: bool = False, unit: str | Tokenizer = 
         yield from block
 
 
-BLOCK = 1 << 22  # bytes of text decoded and split at once (whole lines: a block ends at a newline); the
-# compiled encoder asks the vocabulary dict once per distinct word a block, so larger blocks ask less in all
+BLOCK = 1 << 20  # bytes of text decoded and split at once (whole lines: a block ends at a newline)
 
 
 def read_blocks(path: str | Path, raw: bool = False, unit: str | Tokenizer = "word") -> Iterator[list[list[str]]]:
