@@ -69,26 +69,45 @@ static int list_ids(const Scorer *s, PyObject *words, std::vector<int64_t> &ids)
     return 0;
 }
 
-// The ids of the words of a str, split as str.split() splits it (_utf8_space.h); -1 with an exception set.
-static int text_ids(const Scorer *s, PyObject *text, std::vector<int64_t> &ids) {
-    Py_ssize_t n;
-    const unsigned char *p = s->lexicon.slots ? (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n) : NULL;
-    if (!p) {  // no UTF-8 (lone surrogates) or no lexicon: Python's split and stoi
-        PyErr_Clear();
-        PyObject *words = PyUnicode_Split(text, NULL, -1);
-        int bad = words ? list_ids(s, words, ids) : -1;
-        Py_XDECREF(words);
-        return bad;
-    }
-    ids.clear();
+// The UTF-8 of a str whose words the lexicon can look up; NULL, no error set, for a str without UTF-8 (lone
+// surrogates) or a Scorer without a lexicon: split_ids then.
+static const unsigned char *lexicon_text(const Scorer *s, PyObject *text, Py_ssize_t *n) {
+    if (!s->lexicon.slots) return NULL;
+    const char *p = PyUnicode_AsUTF8AndSize(text, n);
+    if (!p) PyErr_Clear();
+    return (const unsigned char *)p;
+}
+
+// The ids of a str's words by Python's split and stoi; -1 with an exception set.
+static int split_ids(const Scorer *s, PyObject *text, std::vector<int64_t> &ids) {
+    PyObject *words = PyUnicode_Split(text, NULL, -1);
+    int bad = words ? list_ids(s, words, ids) : -1;
+    Py_XDECREF(words);
+    return bad;
+}
+
+// word(start, length) for each word of the UTF-8 text p[:n], split as str.split() splits it (_utf8_space.h).
+template <typename Word>
+static void for_each_word(const unsigned char *p, Py_ssize_t n, Word word) {
     for (const unsigned char *end = p + n; p < end;) {
         int skip = space(p, end);
         if (skip) { p += skip; continue; }
-        const unsigned char *word = p;
+        const unsigned char *start = p;
         while (p < end && !space(p, end)) p++;
-        int64_t id = lexicon_find(&s->lexicon, word, p - word);
-        ids.push_back(id >= 0 ? id : s->unk);
+        word(start, p - start);
     }
+}
+
+// The ids of the words of a str, split as str.split() splits it; -1 with an exception set.
+static int text_ids(const Scorer *s, PyObject *text, std::vector<int64_t> &ids) {
+    Py_ssize_t n;
+    const unsigned char *p = lexicon_text(s, text, &n);
+    if (!p) return split_ids(s, text, ids);
+    ids.clear();
+    for_each_word(p, n, [&](const unsigned char *word, Py_ssize_t len) {
+        int64_t id = lexicon_find(&s->lexicon, word, len);
+        ids.push_back(id >= 0 ? id : s->unk);
+    });
     return 0;
 }
 
@@ -289,24 +308,18 @@ class Lookups {
 };
 }  // namespace
 
-// A sentence's words appended to `ids` through `lookups` (str.split()'s white space, _utf8_space.h), or, for a
-// str without UTF-8 (lone surrogates) or a Scorer without a lexicon, through text_ids; -1 with an exception set.
+// A sentence's words appended to `ids` through `lookups`, or through split_ids (into `words`) where the
+// lexicon cannot read the str; -1 with an exception set.
 static int append_text(const Scorer *s, PyObject *text, std::vector<int64_t> &ids, Lookups &lookups,
                        std::vector<int64_t> &words) {
     Py_ssize_t n;
-    const unsigned char *p = s->lexicon.slots ? (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+    const unsigned char *p = lexicon_text(s, text, &n);
     if (!p) {
-        if (text_ids(s, text, words) < 0) return -1;
+        if (split_ids(s, text, words) < 0) return -1;
         ids.insert(ids.end(), words.begin(), words.end());
         return 0;
     }
-    for (const unsigned char *end = p + n; p < end;) {
-        int skip = space(p, end);
-        if (skip) { p += skip; continue; }
-        const unsigned char *word = p;
-        while (p < end && !space(p, end)) p++;
-        lookups.add(word, p - word);
-    }
+    for_each_word(p, n, [&](const unsigned char *word, Py_ssize_t len) { lookups.add(word, len); });
     return 0;
 }
 
