@@ -13,6 +13,7 @@ EXTENSIONS = [
     Extension("seqlm.ngram._seqlm_native", ["src/seqlm/ngram/_native.cpp", "src/seqlm/ngram/_kenlm_calls.cpp",
                                             "src/seqlm/ngram/_lexicon.cpp", "src/seqlm/ngram/_state.cpp",
                                             "src/seqlm/ngram/_arpa_text.cpp", "src/seqlm/ngram/_sort.cpp",
+                                            "src/seqlm/ngram/_count.cpp",
                                             "src/seqlm/ngram/_dense.cpp"],
               depends=["src/seqlm/ngram/_buffers.h", "src/seqlm/ngram/_scorer.h", "src/seqlm/ngram/_state.h",
                        "src/seqlm/data/_utf8_space.h"], extra_compile_args=FLAGS, language="c++"),

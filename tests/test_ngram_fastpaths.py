@@ -88,6 +88,51 @@ def test_the_compiled_runs_refuse_arrays_that_do_not_fit() -> None:
         ext.sorted_runs(work, 0, np.arange(3), uniq, first, cnt, None)
 
 
+def test_the_compiled_chunk_keys_refuse_what_does_not_fit() -> None:
+    ext = extension()
+    if ext is None:
+        require_env("the compiled loops could not be built here")
+    ids, starts = np.array([4, 5, 1, 7, 1], dtype=np.int32), np.array([0, 3, 5], dtype=np.int64)  # 1 is </s>
+    key, at = np.zeros(5, dtype=np.int64), np.zeros(5, dtype=np.int64)
+    assert ext.chunk_keys(ids, starts, 9, 2, 10, None, None, key, at) == 5
+    assert key.tolist() == [94, 45, 51, 97, 71] and at.tolist() == [1, 2, 3, 5, 6]  # <s> at 0 and 4
+    rank = np.array([-1, 0, 1, 2, -1, 3, 4], dtype=np.int32)  # the bigram ids ending at each position
+    merged = np.array([10, 11, 12, 13, 14], dtype=np.int64)
+    assert ext.chunk_keys(ids, starts, 9, 3, 10, rank, merged, key[:3], at[:3]) == 3
+    assert key[:3].tolist() == [105, 111, 131] and at[:3].tolist() == [2, 3, 6]
+    with pytest.raises(ValueError, match="out of range"):  # a word id past V
+        ext.chunk_keys(ids, starts, 9, 2, 6, None, None, key, at)
+    with pytest.raises(ValueError, match="out of range"):  # no room for the fifth
+        ext.chunk_keys(ids, starts, 9, 2, 10, None, None, key[:4], at[:4])
+    with pytest.raises(ValueError, match="out of range"):  # a rank past the merged ids
+        ext.chunk_keys(ids, starts, 9, 3, 10, rank, merged[:2], key[:3], at[:3])
+    with pytest.raises(ValueError, match="do not fit"):  # ranks for another chunk
+        ext.chunk_keys(ids, starts, 9, 3, 10, rank[:6], merged, key[:3], at[:3])
+    with pytest.raises(ValueError, match="do not fit"):  # order 2 reads no ranks
+        ext.chunk_keys(ids, starts, 9, 2, 10, rank, None, key, at)
+    with pytest.raises(TypeError, match="4-byte"):  # int64 ids
+        ext.chunk_keys(ids.astype(np.int64), starts, 9, 2, 10, None, None, key, at)
+
+
+def test_the_compiled_merge_sums_equal_keys_and_refuses_unsorted_parts() -> None:
+    ext = extension()
+    if ext is None:
+        require_env("the compiled loops could not be built here")
+    a = np.array([[1, 2, 0], [4, 1, 3], [9, 5, 2]], dtype=np.int64)  # (key, count, suffix) rows
+    b = np.array([[4, 3, 3], [6, 1, 1]], dtype=np.int64)
+    keys, cnt, sfx = (np.zeros(5, dtype=np.int64) for _ in range(3))
+    maps = [np.zeros(3, dtype=np.int64), np.zeros(2, dtype=np.int64)]
+    assert ext.merge_runs([a, b], keys, cnt, sfx, maps, 100) == 4
+    assert (keys[:4].tolist(), cnt[:4].tolist(), sfx[:4].tolist()) == ([1, 4, 6, 9], [2, 4, 1, 5], [0, 3, 1, 2])
+    assert maps[0].tolist() == [100, 101, 103] and maps[1].tolist() == [101, 102]
+    with pytest.raises(ValueError, match="do not increase"):
+        ext.merge_runs([a[::-1].copy(), b], keys, cnt, sfx, None, 0)
+    with pytest.raises(ValueError, match="more distinct keys"):
+        ext.merge_runs([a, b], keys[:3], cnt[:3], sfx[:3], None, 0)
+    with pytest.raises(ValueError, match="another length"):
+        ext.merge_runs([a, b], keys, cnt, sfx, [maps[1], maps[0]], 0)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.binary(min_size=1, max_size=300), st.lists(st.tuples(st.integers(0, 299), st.integers(0, 20)), max_size=80))
 def test_compiled_assemble_equals_numpy_and_slicing(data: bytes, pieces: list[tuple[int, int]]) -> None:

@@ -20,19 +20,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqlm.cli import main
 from seqlm.data.corpus import TokenStream, encode_sentences
 from seqlm.data.vocab import EOS, Vocab
 from seqlm.models.kn import KNConfig, estimate_kn
+from seqlm.ngram import external
 from seqlm.ngram.counts import count_ngrams
 from seqlm.ngram.external import chunk_bounds, count_ngrams_bounded
 from seqlm.ngram.filearray import Appender
 from seqlm.ngram.index import build_slots, build_slots_file
+from seqlm.ngram.native import extension
 
-from conftest import cli_env, write_corpus
+from conftest import cli_env, require_env, write_corpus
 
 HEADROOM_MB = 32  # the in-memory KN3 needed 40-48 MB above the warm-up at 2026-12-05's counter: it must not fit
 BLOCK_SENTENCES = 600
@@ -156,9 +158,18 @@ def _stream(sentences: list[list[int]]) -> tuple[Vocab, TokenStream]:
     return vocab, encode_sentences(words, vocab)
 
 
-@settings(max_examples=15, deadline=None)
+@pytest.fixture(params=["compiled", "numpy"])
+def count_path(request, monkeypatch):  # external.py's loops: _count.cpp's or their numpy twins
+    if request.param == "numpy":
+        monkeypatch.setattr(external, "extension", lambda: None)
+    elif extension() is None:
+        require_env("the compiled loops could not be built here")
+    return request.param
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(0, 2**31), st.integers(1, 5), st.integers(2, 40))
-def test_bounded_counts_equal_in_memory_counts(seed: int, order: int, types: int) -> None:
+def test_bounded_counts_equal_in_memory_counts(count_path, seed: int, order: int, types: int) -> None:
     rng = np.random.default_rng(seed)
     sentences = [rng.integers(0, types, rng.integers(0, 25)).tolist() for _ in range(rng.integers(1, 400))]
     vocab, stream = _stream(sentences)

@@ -5,6 +5,7 @@
 //   the State they read and write (_state.cpp);
 // - ARPA text (assemble, arpa_lines, float32_texts): in _arpa_text.cpp, registered here.
 // - radix_sort of n-gram keys and sorted_runs (the runs of equal keys after it): in _sort.cpp, registered here.
+// - bounded counting's chunk_keys and merge_runs: in _count.cpp, registered here.
 // Built on first use by torch.utils.cpp_extension (native.py); plain CPython API, no torch headers.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -291,6 +292,9 @@ PyObject *seqlm_float32_texts(PyObject *, PyObject *);
 // _sort.cpp
 PyObject *seqlm_radix_sort(PyObject *, PyObject *);
 PyObject *seqlm_sorted_runs(PyObject *, PyObject *);
+// _count.cpp
+PyObject *seqlm_chunk_keys(PyObject *, PyObject *);
+PyObject *seqlm_merge_runs(PyObject *, PyObject *);
 // _dense.cpp
 PyObject *seqlm_dense_rows(PyObject *, PyObject *);
 PyObject *seqlm_dense_pairs(PyObject *, PyObject *);
@@ -301,6 +305,8 @@ static PyMethodDef module_methods[] = {
     {"float32_texts", seqlm_float32_texts, METH_VARARGS, "float32_texts(values) -> each text and a newline"},
     {"radix_sort", seqlm_radix_sort, METH_VARARGS, "radix_sort(key, scratch, perm or None, perm scratch)"},
     {"sorted_runs", seqlm_sorted_runs, METH_VARARGS, "sorted_runs(work, bits, perm, uniq, first, count, inverse) -> M"},
+    {"chunk_keys", seqlm_chunk_keys, METH_VARARGS, "chunk_keys(ids, starts, bos, k, V, rank, merged, key, at) -> P"},
+    {"merge_runs", seqlm_merge_runs, METH_VARARGS, "merge_runs(parts, keys, counts, suffix, maps, base) -> M"},
     {"dense_rows", seqlm_dense_rows, METH_VARARGS, "dense_rows(window, out, orders, bos): advance.py's rows"},
     {"dense_pairs", seqlm_dense_pairs, METH_VARARGS, "dense_pairs(window, words, out, orders, bos): their entries"},
     {NULL, NULL, 0, NULL},

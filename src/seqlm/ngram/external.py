@@ -29,6 +29,7 @@ import numpy as np
 from seqlm.data.corpus import TokenStream
 from seqlm.ngram.counts import NGramCounts, unique
 from seqlm.ngram.filearray import Appender, FileArray
+from seqlm.ngram.native import extension
 
 BYTES_PER_POSITION = 256  # measured: ~200 bytes per position at the peak of counting (the sort and its inputs)
 RUN_FIELDS = 3  # key, count, suffix: int64 each
@@ -48,7 +49,7 @@ def chunk_bounds(starts: np.ndarray, max_positions: int) -> list[tuple[int, int]
     return bounds
 
 
-def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int, k: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """seq (counts.with_sentence_starts) of sentences s0..s1-1, read from the id cache, and the positions in
     it that end an order-k n-gram: at least k-1 after their sentence's <s> (marked per sentence, not per
     position)."""
@@ -62,7 +63,7 @@ def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int, k: int = 1) -> tu
     seq[ends], seq[bos_at] = ids, bos_id
     for d in range(1, k - 1):  # the first k-2 words of a sentence end no k-gram either
         ends[(bos_at + d)[lengths >= d]] = False
-    return seq, np.flatnonzero(ends) if k > 1 else np.zeros(0, dtype=np.int64)
+    return seq, np.flatnonzero(ends)
 
 
 class _Runs:
@@ -80,6 +81,30 @@ class _Runs:
             f.seek(at * RUN_FIELDS * 8)
             return np.fromfile(f, dtype=np.int64, count=count * RUN_FIELDS).reshape(-1, RUN_FIELDS)
 
+    @staticmethod
+    def _merge_step(parts: list[np.ndarray], out: list[Appender], maps: list[Appender], done: int) -> int:
+        """Append the merge of `parts` (each (n_i, 3) rows sorted by key, no key twice in one) to `out`, and
+        to each map the merged ids of its part's keys (ids from `done` on). Returns how many keys it added:
+        compiled (_count.cpp merge_runs) or numpy (a stable argsort, which merges the runs it finds)."""
+        if (ext := extension()) is not None:
+            columns = [np.empty(sum(len(p) for p in parts), dtype=np.int64) for _ in range(3)]  # key, count, suffix
+            ids = [np.empty(len(p), dtype=np.int64) for p in parts] if maps else None
+            m = ext.merge_runs([np.ascontiguousarray(p) for p in parts], *columns, ids, done)
+            for o, column in zip(out, columns, strict=True):
+                o.add(column[:m])
+            for a, part_ids in zip(maps, ids or [], strict=True):
+                a.add(part_ids)
+            return m
+        block = np.concatenate(parts)  # (P, 3) sorted runs one after another
+        keys, first, inverse, _ = unique(block[:, 0], runs=True)
+        for o, column in zip(out, (keys, np.bincount(inverse, block[:, 1]), block[first, 2]), strict=True):
+            o.add(column)
+        a = 0
+        for m, part in zip(maps, parts):  # (no maps without ids)
+            m.add(inverse[a : a + len(part)] + done)  # (n_i,) merged ids of run i's keys in this step
+            a += len(part)
+        return len(keys)
+
     def merge(self, window: int, out: list[Appender], ids: bool) -> None:
         """Append (keys, counts, suffix) of all runs to `out`, equal keys summed. Each step takes, from
         every run, the keys up to the smallest last key of the current windows, so no later key can
@@ -95,15 +120,7 @@ class _Runs:
                 parts.append(b[:n])
                 at[i] += n
                 bufs[i] = b[n:] if n < len(b) else self._read(i, at[i], window)
-            block = np.concatenate(parts)  # (P, 3) sorted runs one after another
-            keys, first, inverse, _ = unique(block[:, 0], runs=True)
-            for o, column in zip(out, (keys, np.bincount(inverse, block[:, 1]), block[first, 2]), strict=True):
-                o.add(column)
-            a = 0
-            for m, part in zip(maps, parts):  # (no maps without ids)
-                m.add(inverse[a : a + len(part)] + done)  # (n_i,) merged ids of run i's keys in this step
-                a += len(part)
-            done += len(keys)
+            done += self._merge_step(parts, out, maps, done)
         for m in maps:
             m.__exit__()
         for i in range(len(self.sizes)):
@@ -131,7 +148,8 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
     bounds = chunk_bounds(starts, max(1024, min(memory // BYTES_PER_POSITION, 2**31 - 1)))  # ranks fit RANK
     unigram = np.zeros(V, dtype=np.int64)
     for s0, s1 in bounds:
-        unigram += np.bincount(_chunk(stream, s0, s1, bos_id)[0], minlength=V)
+        unigram += np.bincount(stream.ids[stream.starts[s0] : stream.starts[s1]], minlength=V)
+        unigram[bos_id] += s1 - s0  # <s> once per sentence
     keys, counts, suffix = [np.arange(V, dtype=np.int64)], [unigram], [np.full(V, -1, dtype=np.int64)]
     for k in range(2, order + 1):
         k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory, k < order)
@@ -144,21 +162,37 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
     return NGramCounts(V, bos_id, keys, counts, suffix)
 
 
-def _prev_ids(stream, bounds, c, bos_id, k, folder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """seq, the positions that end an order-k n-gram, and the id at order k-1 of the (k-1)-gram ending at
-    each position of chunk c: its rank in chunk c's run of order k-1 through that run's merged ids (one
-    run: the rank is the id)."""
-    s0, s1 = bounds[c]
-    seq, at = _chunk(stream, s0, s1, bos_id, k)
+def _prefix_ids(stream, bounds, c, k, folder) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Where chunk c's (k-1)-grams stand in the merged numbering (k > 2): each position's rank in chunk c's
+    run of order k-1 (L,) int32, -1 where no (k-1)-gram ends, and that run's merged ids (None with one
+    run: the rank is the id). (None, None) for k = 2: the prefixes are words."""
     if k == 2:
-        return seq, at, seq
+        return None, None
+    s0, s1 = bounds[c]
     with open(folder / f"rank{k - 1}.bin", "rb") as f:
         f.seek((int(stream.starts[s0]) + s0) * RANK.itemsize)
-        rank = np.fromfile(f, dtype=RANK, count=len(seq))  # (L,) -1 where no (k-1)-gram ends
+        rank = np.fromfile(f, dtype=RANK, count=int(stream.starts[s1] - stream.starts[s0]) + s1 - s0)  # (L,)
     if len(bounds) == 1:
-        return seq, at, rank.astype(np.int64)
-    merged_id = np.fromfile(folder / f"runmap{k - 1}-{c}.bin", dtype=np.int64)  # (keys of run c,)
-    return seq, at, np.append(merged_id, -1)[rank]  # rank -1 reads the appended -1
+        return rank, None
+    return rank, np.fromfile(folder / f"runmap{k - 1}-{c}.bin", dtype=np.int64)  # (keys of run c,)
+
+
+def _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged) -> tuple[np.ndarray, np.ndarray]:
+    """key (P,) = prefix_id * V + word of each order-k n-gram ending in sentences s0..s1-1, and at (P,) its
+    position in the chunk's seq, in position order: compiled (_count.cpp chunk_keys) or numpy, the same."""
+    if (ext := extension()) is not None:
+        starts = np.asarray(stream.starts[s0 : s1 + 1], dtype=np.int64)  # (S+1,)
+        ids = np.asarray(stream.ids[starts[0] : starts[-1]], dtype=np.int32)  # (N,) no copy of the id cache
+        P = int(np.maximum(np.diff(starts) + 2 - k, 0).sum())  # words and </s> at least k-1 after <s>
+        key, at = np.empty(P, dtype=np.int64), np.empty(P, dtype=np.int64)
+        ext.chunk_keys(ids, starts, bos_id, k, V, rank, merged, key, at)
+        return key, at
+    seq, at = _chunk(stream, s0, s1, bos_id, k)
+    gram = seq if rank is None else rank.astype(np.int64) if merged is None else np.append(merged, -1)[rank]  # (L,)
+    key = gram[at - 1]  # (P,) the prefix ends one position earlier
+    key *= V
+    key += seq[at]
+    return key, at
 
 
 def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool
@@ -168,20 +202,25 @@ def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool
     runs = _Runs(folder, k)
     out = [Appender(folder / f"{name}{k}.bin", np.int64) for name in ("keys", "counts", "suffix")]
     ranks = Appender(folder / f"rank{k}.bin", RANK) if with_ids else None
-    for c in range(len(bounds)):
-        seq, at, gram = _prev_ids(stream, bounds, c, bos_id, k, folder)  # at: (P,) positions ending a k-gram
-        key = gram[at - 1] * V + seq[at]  # (P,)
+    for c, (s0, s1) in enumerate(bounds):
+        rank, merged = _prefix_ids(stream, bounds, c, k, folder)
+        key, at = _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged)  # (P,) each, at: positions in the chunk
         uniq, first, inverse, cnt = unique(key, overwrite=True, inverse=with_ids)  # np.unique's, faster
-        columns = (uniq, cnt, gram[at[first]])
+        del key
+        if rank is None:
+            suffix = uniq % V  # (M,) the (k-1)-gram ending where a bigram ends: its word
+        else:
+            suffix = rank[at[first]].astype(np.int64) if merged is None else merged[rank[at[first]]]  # (M,)
+        columns = (uniq, cnt, suffix)
         if len(bounds) > 1:
             runs.add(*columns)
         else:
             for o, column in zip(out, columns, strict=True):
                 o.add(column)
         if ranks is not None:
-            rank = np.full(len(seq), -1, dtype=RANK)  # (L,) each position's rank in this chunk's run
-            rank[at] = inverse
-            ranks.add(rank)
+            ranked = np.full(int(stream.starts[s1] - stream.starts[s0]) + s1 - s0, -1, dtype=RANK)  # (L,)
+            ranked[at] = inverse  # each position's rank in this chunk's run
+            ranks.add(ranked)
     if ranks is not None:
         ranks.__exit__()
     if len(bounds) > 1:  # ~10x the windows at the peak

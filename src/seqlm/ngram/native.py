@@ -9,7 +9,8 @@ from pathlib import Path
 
 from seqlm.data.native import compiled
 
-SOURCES = ("_native.cpp", "_kenlm_calls.cpp", "_lexicon.cpp", "_state.cpp", "_arpa_text.cpp", "_sort.cpp", "_dense.cpp")
+SOURCES = ("_native.cpp", "_kenlm_calls.cpp", "_lexicon.cpp", "_state.cpp", "_arpa_text.cpp", "_sort.cpp", "_count.cpp",
+           "_dense.cpp")
 
 
 def extension():
