@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from seqlm.data.corpus import TokenStream
-from seqlm.ngram.counts import NGramCounts, unique
+from seqlm.ngram.counts import NGramCounts, Scratch, unique
 from seqlm.ngram.filearray import Appender, FileArray
 from seqlm.ngram.native import extension
 
@@ -69,26 +69,33 @@ def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int, k: int) -> tuple[
 class _Runs:
     """Sorted runs (key, count, suffix) of one order, one file each, merged window by window."""
 
-    def __init__(self, folder: Path, k: int):
-        self.folder, self.k, self.sizes = folder, k, []
+    def __init__(self, folder: Path, k: int, scratch: Scratch):
+        self.folder, self.k, self.sizes, self.scratch = folder, k, [], scratch
 
     def add(self, keys: np.ndarray, counts: np.ndarray, suffix: np.ndarray) -> None:
-        np.stack([keys, counts, suffix], axis=1).tofile(self.folder / f"run{self.k}-{len(self.sizes)}.bin")
+        rows = self.scratch("rows", RUN_FIELDS * len(keys)).reshape(-1, RUN_FIELDS)  # (M, 3)
+        rows[:, 0], rows[:, 1], rows[:, 2] = keys, counts, suffix
+        rows.tofile(self.folder / f"run{self.k}-{len(self.sizes)}.bin")
         self.sizes.append(len(keys))
 
     def _read(self, i: int, at: int, count: int) -> np.ndarray:
+        """Rows [at, at + count) of run i, into the one of run i's two windows not read last (the other
+        may still hold the part being merged)."""
+        self.flip[i] ^= 1
+        buf = self.scratch(f"window{i}-{self.flip[i]}", count * RUN_FIELDS)
         with open(self.folder / f"run{self.k}-{i}.bin", "rb") as f:
             f.seek(at * RUN_FIELDS * 8)
-            return np.fromfile(f, dtype=np.int64, count=count * RUN_FIELDS).reshape(-1, RUN_FIELDS)
+            got = f.readinto(memoryview(buf).cast("B")) // 8
+        return buf[: got - got % RUN_FIELDS].reshape(-1, RUN_FIELDS)
 
-    @staticmethod
-    def _merge_step(parts: list[np.ndarray], out: list[Appender], maps: list[Appender], done: int) -> int:
+    def _merge_step(self, parts: list[np.ndarray], out: list[Appender], maps: list[Appender], done: int) -> int:
         """Append the merge of `parts` (each (n_i, 3) rows sorted by key, no key twice in one) to `out`, and
         to each map the merged ids of its part's keys (ids from `done` on). Returns how many keys it added:
         compiled (_count.cpp merge_runs) or numpy (a stable argsort, which merges the runs it finds)."""
         if (ext := extension()) is not None:
-            columns = [np.empty(sum(len(p) for p in parts), dtype=np.int64) for _ in range(3)]  # key, count, suffix
-            ids = [np.empty(len(p), dtype=np.int64) for p in parts] if maps else None
+            n = sum(len(p) for p in parts)
+            columns = [self.scratch(name, n) for name in ("keys", "counts", "suffix")]
+            ids = [self.scratch(f"ids{i}", len(p)) for i, p in enumerate(parts)] if maps else None
             m = ext.merge_runs([np.ascontiguousarray(p) for p in parts], *columns, ids, done)
             for o, column in zip(out, columns, strict=True):
                 o.add(column[:m])
@@ -109,7 +116,7 @@ class _Runs:
         """Append (keys, counts, suffix) of all runs to `out`, equal keys summed. Each step takes, from
         every run, the keys up to the smallest last key of the current windows, so no later key can
         precede them. ids: also write runmap{k}-{i}.bin, the merged id of each key of run i."""
-        at, done = [0] * len(self.sizes), 0
+        at, done, self.flip = [0] * len(self.sizes), 0, [0] * len(self.sizes)
         bufs = [self._read(i, 0, window) for i in range(len(self.sizes))]
         maps = [Appender(self.folder / f"runmap{self.k}-{i}.bin", np.int64) for i in range(len(bufs))] if ids else []
         while any(len(b) for b in bufs):
@@ -151,8 +158,9 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
         unigram += np.bincount(stream.ids[stream.starts[s0] : stream.starts[s1]], minlength=V)
         unigram[bos_id] += s1 - s0  # <s> once per sentence
     keys, counts, suffix = [np.arange(V, dtype=np.int64)], [unigram], [np.full(V, -1, dtype=np.int64)]
+    scratch = Scratch()
     for k in range(2, order + 1):
-        k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory, k < order)
+        k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory, k < order, scratch)
         keys.append(k_keys)
         counts.append(k_counts)
         suffix.append(k_suffix)
@@ -162,29 +170,34 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
     return NGramCounts(V, bos_id, keys, counts, suffix)
 
 
-def _prefix_ids(stream, bounds, c, k, folder) -> tuple[np.ndarray | None, np.ndarray | None]:
+def _prefix_ids(stream, bounds, c, k, folder, scratch) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Where chunk c's (k-1)-grams stand in the merged numbering (k > 2): each position's rank in chunk c's
     run of order k-1 (L,) int32, -1 where no (k-1)-gram ends, and that run's merged ids (None with one
     run: the rank is the id). (None, None) for k = 2: the prefixes are words."""
     if k == 2:
         return None, None
     s0, s1 = bounds[c]
+    rank = scratch("prefix-rank", int(stream.starts[s1] - stream.starts[s0]) + s1 - s0, RANK.type)  # (L,)
     with open(folder / f"rank{k - 1}.bin", "rb") as f:
         f.seek((int(stream.starts[s0]) + s0) * RANK.itemsize)
-        rank = np.fromfile(f, dtype=RANK, count=int(stream.starts[s1] - stream.starts[s0]) + s1 - s0)  # (L,)
+        f.readinto(memoryview(rank).cast("B"))
     if len(bounds) == 1:
         return rank, None
-    return rank, np.fromfile(folder / f"runmap{k - 1}-{c}.bin", dtype=np.int64)  # (keys of run c,)
+    path = folder / f"runmap{k - 1}-{c}.bin"
+    merged = scratch("merged", path.stat().st_size // 8)  # (keys of run c,)
+    with open(path, "rb") as f:
+        f.readinto(memoryview(merged).cast("B"))
+    return rank, merged
 
 
-def _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged) -> tuple[np.ndarray, np.ndarray]:
+def _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged, scratch) -> tuple[np.ndarray, np.ndarray]:
     """key (P,) = prefix_id * V + word of each order-k n-gram ending in sentences s0..s1-1, and at (P,) its
     position in the chunk's seq, in position order: compiled (_count.cpp chunk_keys) or numpy, the same."""
     if (ext := extension()) is not None:
         starts = np.asarray(stream.starts[s0 : s1 + 1], dtype=np.int64)  # (S+1,)
         ids = np.asarray(stream.ids[starts[0] : starts[-1]], dtype=np.int32)  # (N,) no copy of the id cache
         P = int(np.maximum(np.diff(starts) + 2 - k, 0).sum())  # words and </s> at least k-1 after <s>
-        key, at = np.empty(P, dtype=np.int64), np.empty(P, dtype=np.int64)
+        key, at = scratch("key", P), scratch("at", P)
         ext.chunk_keys(ids, starts, bos_id, k, V, rank, merged, key, at)
         return key, at
     seq, at = _chunk(stream, s0, s1, bos_id, k)
@@ -195,17 +208,17 @@ def _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged) -> tuple[np.ndarray,
     return key, at
 
 
-def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool
+def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool, scratch: Scratch
                  ) -> tuple[FileArray, FileArray, FileArray]:
     """Sorted runs of one order, one per chunk, merged into keys{k}, counts{k}, suffix{k}; with_ids (below
     the highest order): also rank{k} (each position's rank in its chunk's run) and the runs' merged ids."""
-    runs = _Runs(folder, k)
+    runs = _Runs(folder, k, scratch)
     out = [Appender(folder / f"{name}{k}.bin", np.int64) for name in ("keys", "counts", "suffix")]
     ranks = Appender(folder / f"rank{k}.bin", RANK) if with_ids else None
     for c, (s0, s1) in enumerate(bounds):
-        rank, merged = _prefix_ids(stream, bounds, c, k, folder)
-        key, at = _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged)  # (P,) each, at: positions in the chunk
-        uniq, first, inverse, cnt = unique(key, overwrite=True, inverse=with_ids)  # np.unique's, faster
+        rank, merged = _prefix_ids(stream, bounds, c, k, folder, scratch)
+        key, at = _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged, scratch)  # (P,) each, at: positions
+        uniq, first, inverse, cnt = unique(key, overwrite=True, inverse=with_ids, scratch=scratch)  # np.unique's
         del key
         if rank is None:
             suffix = uniq % V  # (M,) the (k-1)-gram ending where a bigram ends: its word
@@ -218,13 +231,16 @@ def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool
             for o, column in zip(out, columns, strict=True):
                 o.add(column)
         if ranks is not None:
-            ranked = np.full(int(stream.starts[s1] - stream.starts[s0]) + s1 - s0, -1, dtype=RANK)  # (L,)
+            ranked = scratch("rank", int(stream.starts[s1] - stream.starts[s0]) + s1 - s0, RANK.type)  # (L,)
+            ranked.fill(-1)
             ranked[at] = inverse  # each position's rank in this chunk's run
             ranks.add(ranked)
     if ranks is not None:
         ranks.__exit__()
     if len(bounds) > 1:  # ~10x the windows at the peak
+        scratch.clear()  # the chunks' arrays, before the windows'
         runs.merge(max(1024, memory // (12 * RUN_FIELDS * 8 * len(runs.sizes))), out, ids=with_ids)
+    scratch.clear()
     for o in out:
         o.__exit__()
     return out[0].array, out[1].array, out[2].array
