@@ -94,24 +94,23 @@ def test_the_compiled_chunk_keys_refuse_what_does_not_fit() -> None:
         require_env("the compiled loops could not be built here")
     ids, starts = np.array([4, 5, 1, 7, 1], dtype=np.int32), np.array([0, 3, 5], dtype=np.int64)  # 1 is </s>
     key, at = np.zeros(5, dtype=np.int64), np.zeros(5, dtype=np.int64)
-    assert ext.chunk_keys(ids, starts, 9, 2, 10, None, None, key, at) == 5
+    assert ext.chunk_keys(ids, starts, 9, 2, 10, None, key, at) == 5
     assert key.tolist() == [94, 45, 51, 97, 71] and at.tolist() == [1, 2, 3, 5, 6]  # <s> at 0 and 4
-    rank = np.array([-1, 0, 1, 2, -1, 3, 4], dtype=np.int32)  # the bigram ids ending at each position
-    merged = np.array([10, 11, 12, 13, 14], dtype=np.int64)
-    assert ext.chunk_keys(ids, starts, 9, 3, 10, rank, merged, key[:3], at[:3]) == 3
-    assert key[:3].tolist() == [105, 111, 131] and at[:3].tolist() == [2, 3, 6]
+    rank = np.array([-1, 0, 1, 2, -1, 3, 4], dtype=np.int32)  # the bigrams' ranks, where each ends
+    assert ext.chunk_keys(ids, starts, 9, 3, 10, rank, key[:3], at[:3]) == 3
+    assert key[:3].tolist() == [5, 11, 31] and at[:3].tolist() == [2, 3, 6]
     with pytest.raises(ValueError, match="out of range"):  # a word id past V
-        ext.chunk_keys(ids, starts, 9, 2, 6, None, None, key, at)
+        ext.chunk_keys(ids, starts, 9, 2, 6, None, key, at)
     with pytest.raises(ValueError, match="out of range"):  # no room for the fifth
-        ext.chunk_keys(ids, starts, 9, 2, 10, None, None, key[:4], at[:4])
-    with pytest.raises(ValueError, match="out of range"):  # a rank past the merged ids
-        ext.chunk_keys(ids, starts, 9, 3, 10, rank, merged[:2], key[:3], at[:3])
+        ext.chunk_keys(ids, starts, 9, 2, 10, None, key[:4], at[:4])
+    with pytest.raises(ValueError, match="out of range"):  # a trigram whose bigram has no rank
+        ext.chunk_keys(ids, starts, 9, 3, 10, np.where(rank == 3, -1, rank).astype(np.int32), key[:3], at[:3])
     with pytest.raises(ValueError, match="do not fit"):  # ranks for another chunk
-        ext.chunk_keys(ids, starts, 9, 3, 10, rank[:6], merged, key[:3], at[:3])
+        ext.chunk_keys(ids, starts, 9, 3, 10, rank[:6], key[:3], at[:3])
     with pytest.raises(ValueError, match="do not fit"):  # order 2 reads no ranks
-        ext.chunk_keys(ids, starts, 9, 2, 10, rank, None, key, at)
+        ext.chunk_keys(ids, starts, 9, 2, 10, rank, key, at)
     with pytest.raises(TypeError, match="4-byte"):  # int64 ids
-        ext.chunk_keys(ids.astype(np.int64), starts, 9, 2, 10, None, None, key, at)
+        ext.chunk_keys(ids.astype(np.int64), starts, 9, 2, 10, None, key, at)
 
 
 def test_the_compiled_merge_sums_equal_keys_and_refuses_unsorted_parts() -> None:

@@ -1,7 +1,7 @@
 // Bounded-memory counting's per-position loops (external.py), each the twin of the numpy it replaces there:
-// - chunk_keys: the key `prefix_id * V + word` of every order-k n-gram ending in a chunk of sentences, read
-//   straight from the id cache; numpy built the chunk with its <s> markers, a mask of the positions that end
-//   an n-gram, and the prefix ids of every position (a random gather through the run's merged ids) first.
+// - chunk_keys: the key `prefix * V + word` of every order-k n-gram ending in a chunk of sentences, read
+//   straight from the id cache (the prefix: its rank in the chunk's run of order k-1); numpy built the chunk
+//   with its <s> markers and a mask of the positions that end an n-gram first.
 // - merge_runs: one step of the k-way merge of an order's sorted runs; numpy concatenated the runs' windows,
 //   argsorted them stably and summed the counts of equal keys with a bincount.
 // Linked into _seqlm_native with _native.cpp, which registers these functions.
@@ -36,30 +36,21 @@ struct BufferList {
     }
 };
 
-constexpr Py_ssize_t AHEAD = 16;  // positions between a prefix id's prefetch and its use
-
 // The keys of the chunk's order-k n-grams (k >= 2) in position order, and each one's position in the chunk
 // with its <s> markers (sentence s's marker at starts[s] - starts[0] + s). The prefix of the n-gram ending at
 // position j is the (k-1)-gram ending at j - 1: for k = 2 the word there (<s> at a sentence's first word);
-// else id[j - 1] = merged[rank[j - 1]] (merged null: the rank is the id). Returns P, or -1 for an id out of
-// range (an error set).
+// else its rank in the chunk's run of order k-1, rank[j - 1] (external.py turns the ranks into merged ids
+// after the sort: the run's merged ids increase with its ranks, so both sort alike). Returns P, or -1 for an
+// id out of range (an error set).
 Py_ssize_t keys_of(const int32_t *ids, const int64_t *starts, Py_ssize_t S, int64_t bos, int k, int64_t V,
-                   const int32_t *rank, Py_ssize_t L, const int64_t *merged, Py_ssize_t R, int64_t *key,
-                   int64_t *at, Py_ssize_t P) {
+                   const int32_t *rank, int64_t *key, int64_t *at, Py_ssize_t P) {
     Py_ssize_t p = 0;
     for (Py_ssize_t s = 0; s < S; s++) {
         Py_ssize_t w0 = starts[s] - starts[0], n = starts[s + 1] - starts[s], mark = w0 + s;  // n words + </s>
         for (Py_ssize_t d = k - 1; d <= n; d++) {  // d: the word's distance from <s>
             Py_ssize_t j = mark + d;
-            int64_t word = ids[w0 + d - 1], prefix;
-            if (k == 2) {
-                prefix = d == 1 ? bos : ids[w0 + d - 2];
-            } else {
-                if (merged && j + AHEAD < L && rank[j + AHEAD] >= 0 && rank[j + AHEAD] < R)
-                    __builtin_prefetch(merged + rank[j + AHEAD]);
-                int64_t r = rank[j - 1];
-                prefix = r < 0 || r >= R ? -1 : merged ? merged[r] : r;
-            }
+            int64_t word = ids[w0 + d - 1];
+            int64_t prefix = k > 2 ? rank[j - 1] : d == 1 ? bos : ids[w0 + d - 2];
             if (word < 0 || word >= V || prefix < 0 || prefix > (INT64_MAX - word) / V || p == P) {
                 PyErr_SetString(PyExc_ValueError, "chunk_keys: an id out of range, or more n-grams than room");
                 return -1;
@@ -74,27 +65,26 @@ Py_ssize_t keys_of(const int32_t *ids, const int64_t *starts, Py_ssize_t S, int6
 }  // namespace
 
 PyObject *seqlm_chunk_keys(PyObject *, PyObject *args) {
-    // chunk_keys(ids i4 (N,), starts i8 (S+1,), bos, k, V, rank i4 (L,) or None, merged i8 (R,) or None,
-    //            key i8 (P,), at i8 (P,)) -> P: external._chunk_keys' numpy, in one pass over the chunk.
-    PyObject *o[7];
+    // chunk_keys(ids i4 (N,), starts i8 (S+1,), bos, k, V, rank i4 (L,) or None, key i8 (P,), at i8 (P,)) -> P:
+    // external._chunk_keys' numpy, in one pass over the chunk.
+    PyObject *o[5];
     long long bos, V;
     int k;
-    if (!PyArg_ParseTuple(args, "OOLiLOOOO", &o[0], &o[1], &bos, &k, &V, &o[2], &o[3], &o[4], &o[5])) return NULL;
-    BufferList in;  // ids, starts, key, at[, rank][, merged]
-    if (!in.get(o[0], 4) || !in.get(o[1], 8) || !in.get(o[4], 8, true) || !in.get(o[5], 8, true)) return NULL;
-    bool with_rank = o[2] != Py_None, with_merged = o[3] != Py_None;
-    if ((with_rank && !in.get(o[2], 4)) || (with_merged && !in.get(o[3], 8))) return NULL;
+    if (!PyArg_ParseTuple(args, "OOLiLOOO", &o[0], &o[1], &bos, &k, &V, &o[2], &o[3], &o[4])) return NULL;
+    BufferList in;  // ids, starts, key, at[, rank]
+    if (!in.get(o[0], 4) || !in.get(o[1], 8) || !in.get(o[3], 8, true) || !in.get(o[4], 8, true)) return NULL;
+    bool with_rank = o[2] != Py_None;
+    if (with_rank && !in.get(o[2], 4)) return NULL;
     Py_ssize_t S = in.len(1) - 1, N = in.len(0), P = in.len(2);
     const int64_t *starts = in.at<int64_t>(1);
-    Py_ssize_t L = with_rank ? in.len(4) : 0, R = with_merged ? in.len(5) : with_rank ? INT32_MAX : 0;
-    bool fits = S >= 0 && in.len(3) == P && k >= 2 && V > 0 && (k == 2) == !with_rank && (with_rank || !with_merged);
+    bool fits = S >= 0 && in.len(3) == P && k >= 2 && V > 0 && (k == 2) == !with_rank;
     for (Py_ssize_t s = 0; fits && s < S; s++) fits = starts[s + 1] >= starts[s];
-    if (!fits || starts[S] - starts[0] != N || (with_rank && L != N + S)) {
+    if (!fits || starts[S] - starts[0] != N || (with_rank && in.len(4) != N + S)) {
         PyErr_SetString(PyExc_ValueError, "chunk_keys: the arrays do not fit together");
         return NULL;
     }
-    Py_ssize_t got = keys_of(in.at<int32_t>(0), starts, S, bos, k, V, with_rank ? in.at<int32_t>(4) : nullptr, L,
-                  with_merged ? in.at<int64_t>(5) : nullptr, R, in.at<int64_t>(2), in.at<int64_t>(3), P);
+    Py_ssize_t got = keys_of(in.at<int32_t>(0), starts, S, bos, k, V, with_rank ? in.at<int32_t>(4) : nullptr,
+                             in.at<int64_t>(2), in.at<int64_t>(3), P);
     return got < 0 ? NULL : PyLong_FromSsize_t(got);
 }
 

@@ -4,13 +4,15 @@ The in-memory counter sorts every position of the corpus at once, which takes ~1
 Here the corpus is read in chunks of whole sentences straight from the memory-mapped id cache (no copy
 of the token stream), order by order as the in-memory counter goes:
 
-    order k, chunk c:  keys of the k-grams ending in the chunk (prefix id at k-1 * V + word)
+    order k, chunk c:  keys of the k-grams ending in the chunk (prefix * V + word, the prefix's rank in
+                       the chunk's run at k-1, renumbered as merged ids after the sort)
                        -> np.unique with counts: a sorted run, spilled to disk, and each position's
                           rank in that run (unique's inverse, int32), spilled too
     all runs           -> merged window by window (a k-way merge of sorted files) into the files
-                          keys{k}, counts{k}, suffix{k} (filearray.FileArray), and for each run the
+                          keys{k}, counts{k}, suffix{k} (filearray.FileArray; counts and suffix int32
+                          below 2^31 positions), and for each run the
                           merged id of each of its keys (runmap{k}-{c})
-    order k+1, chunk c -> each position's prefix id: its rank in run c through run c's merged ids
+    order k+1, chunk c -> each position's prefix: its rank in run c (run c's merged ids for the keys)
 
 Only one chunk's positions and one window per run are in memory. The unigram
 counts (vocabulary-sized) stay in memory. `count_to_files` leaves the per-order tables in the folder
@@ -27,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from seqlm.data.corpus import TokenStream
-from seqlm.ngram.counts import NGramCounts, Scratch, unique
+from seqlm.ngram.counts import NGramCounts, Scratch, id_dtype, unique
 from seqlm.ngram.filearray import Appender, FileArray
 from seqlm.ngram.native import extension
 
@@ -159,8 +161,10 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
         unigram[bos_id] += s1 - s0  # <s> once per sentence
     keys, counts, suffix = [np.arange(V, dtype=np.int64)], [unigram], [np.full(V, -1, dtype=np.int64)]
     scratch = Scratch()
+    small = id_dtype(len(stream.ids) + len(starts))  # holds any count (<= positions) and any n-gram id
     for k in range(2, order + 1):
-        k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory, k < order, scratch)
+        k_keys, k_counts, k_suffix = _count_order(stream, bounds, bos_id, V, k, folder, memory, k < order, scratch,
+                                                  small)
         keys.append(k_keys)
         counts.append(k_counts)
         suffix.append(k_suffix)
@@ -190,36 +194,42 @@ def _prefix_ids(stream, bounds, c, k, folder, scratch) -> tuple[np.ndarray | Non
     return rank, merged
 
 
-def _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged, scratch) -> tuple[np.ndarray, np.ndarray]:
-    """key (P,) = prefix_id * V + word of each order-k n-gram ending in sentences s0..s1-1, and at (P,) its
-    position in the chunk's seq, in position order: compiled (_count.cpp chunk_keys) or numpy, the same."""
+def _chunk_keys(stream, s0, s1, bos_id, V, k, rank, scratch) -> tuple[np.ndarray, np.ndarray]:
+    """key (P,) = prefix * V + word of each order-k n-gram ending in sentences s0..s1-1, and at (P,) its
+    position in the chunk's seq, in position order: compiled (_count.cpp chunk_keys) or numpy, the same.
+    The prefix is a word (k = 2) or the (k-1)-gram's rank in the chunk's run (`rank`): the chunk's keys sort
+    as their merged ids would, and only the distinct ones are renumbered after the sort."""
     if (ext := extension()) is not None:
         starts = np.asarray(stream.starts[s0 : s1 + 1], dtype=np.int64)  # (S+1,)
         ids = np.asarray(stream.ids[starts[0] : starts[-1]], dtype=np.int32)  # (N,) no copy of the id cache
         P = int(np.maximum(np.diff(starts) + 2 - k, 0).sum())  # words and </s> at least k-1 after <s>
         key, at = scratch("key", P), scratch("at", P)
-        ext.chunk_keys(ids, starts, bos_id, k, V, rank, merged, key, at)
+        ext.chunk_keys(ids, starts, bos_id, k, V, rank, key, at)
         return key, at
     seq, at = _chunk(stream, s0, s1, bos_id, k)
-    gram = seq if rank is None else rank.astype(np.int64) if merged is None else np.append(merged, -1)[rank]  # (L,)
+    gram = seq if rank is None else rank.astype(np.int64)  # (L,)
     key = gram[at - 1]  # (P,) the prefix ends one position earlier
     key *= V
     key += seq[at]
     return key, at
 
 
-def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool, scratch: Scratch
+def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool, scratch: Scratch, small: type
                  ) -> tuple[FileArray, FileArray, FileArray]:
-    """Sorted runs of one order, one per chunk, merged into keys{k}, counts{k}, suffix{k}; with_ids (below
-    the highest order): also rank{k} (each position's rank in its chunk's run) and the runs' merged ids."""
+    """Sorted runs of one order, one per chunk, merged into keys{k} (int64), counts{k} and suffix{k} (`small`:
+    a third less to write and read back than int64); with_ids (below the highest order): also rank{k} (each
+    position's rank in its chunk's run) and the runs' merged ids."""
     runs = _Runs(folder, k, scratch)
-    out = [Appender(folder / f"{name}{k}.bin", np.int64) for name in ("keys", "counts", "suffix")]
+    out = [Appender(folder / f"{name}{k}.bin", dtype) for name, dtype in (("keys", np.int64), ("counts", small),
+                                                                           ("suffix", small))]
     ranks = Appender(folder / f"rank{k}.bin", RANK) if with_ids else None
     for c, (s0, s1) in enumerate(bounds):
         rank, merged = _prefix_ids(stream, bounds, c, k, folder, scratch)
-        key, at = _chunk_keys(stream, s0, s1, bos_id, V, k, rank, merged, scratch)  # (P,) each, at: positions
+        key, at = _chunk_keys(stream, s0, s1, bos_id, V, k, rank, scratch)  # (P,) each, at: positions
         uniq, first, inverse, cnt = unique(key, overwrite=True, inverse=with_ids, scratch=scratch)  # np.unique's
         del key
+        if merged is not None:  # prefixes as ranks in this chunk's run -> merged ids (in the same order)
+            uniq = merged[uniq // V] * V + uniq % V  # (M,)
         if rank is None:
             suffix = uniq % V  # (M,) the (k-1)-gram ending where a bigram ends: its word
         else:

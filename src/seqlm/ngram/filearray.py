@@ -118,7 +118,18 @@ def windowed_map(table: Table, queries: Table, out: str | Path, dtype, fill,
     """out[i] = the answer for queries[i] from the table window that holds it (`fill` where none does).
 
     answer(rows, w0, q) -> (mask of the queries this window answers, their answers); rows are table rows
-    [w0, w0 + len(rows)). The queries are read once per window; the answers written in place."""
+    [w0, w0 + len(rows)). The queries are read once per window; the answers written in place. A table that
+    fits one window is read whole and each chunk's answers written once (no filled file to read back)."""
+    if len(table) <= window:
+        rows = _part(table, 0, len(table))
+        with Appender(out, dtype) as whole:
+            for a in range(0, len(queries), chunk):
+                q = _part(queries, a, a + chunk)
+                mask, values = answer(rows, 0, q)
+                part = np.full(len(q), fill, dtype=dtype)
+                part[mask] = values
+                whole.add(part)
+        return whole.array
     result = FileArray.full(out, dtype, len(queries), fill)
     for w0 in range(0, max(len(table), 1), window):
         rows = _part(table, w0, w0 + window)
