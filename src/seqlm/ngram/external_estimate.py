@@ -48,6 +48,7 @@ from seqlm.ngram.filearray import (
     windowed_bincount,
     windowed_map,
 )
+from seqlm.ngram.heap import retained_heap
 from seqlm.ngram.index import build_slots_file
 from seqlm.ngram.model import NGramModel, ngram_capabilities
 from seqlm.protocol import Capabilities, LMBase
@@ -139,15 +140,16 @@ def estimate_bounded(stream: TokenStream, vocab: Vocab, order: int, fallback: tu
         raise SeqlmError(f"--memory: cannot make a folder for the estimate's tables in {where} ({e.strerror}); "
                          "set TMPDIR to a directory on a disk with room") from None
     try:
-        budget = Budget(memory)
-        counts = count_to_files(stream, vocab.bos_id, len(vocab), order, memory, folder)
-        adjusted, coc = adjust_counts(counts, folder, budget)
-        discounts = [discount_of(k, n, fallback) for k, n in enumerate(coc, 1)]
-        cuts = cuts_per_order(prune, order)
-        log_p, backoffs = interpolate(counts, adjusted, discounts, folder, budget, cuts)
-        keys = counts.keys
-        if any(cuts):
-            keys, log_p, backoffs = drop_pruned(counts, log_p, backoffs, cuts, folder, budget)
+        with retained_heap():  # the stages' arrays, freed chunk after chunk, reused without new page faults
+            budget = Budget(memory)
+            counts = count_to_files(stream, vocab.bos_id, len(vocab), order, memory, folder)
+            adjusted, coc = adjust_counts(counts, folder, budget)
+            discounts = [discount_of(k, n, fallback) for k, n in enumerate(coc, 1)]
+            cuts = cuts_per_order(prune, order)
+            log_p, backoffs = interpolate(counts, adjusted, discounts, folder, budget, cuts)
+            keys = counts.keys
+            if any(cuts):
+                keys, log_p, backoffs = drop_pruned(counts, log_p, backoffs, cuts, folder, budget)
     except OSError as e:
         shutil.rmtree(folder, ignore_errors=True)
         raise SeqlmError(f"--memory: writing the estimate's tables in {folder} failed ({e.strerror}); "
