@@ -121,15 +121,21 @@ def test_the_compiled_merge_sums_equal_keys_and_refuses_unsorted_parts() -> None
     b = np.array([[4, 3, 3], [6, 1, 1]], dtype=np.int64)
     keys, cnt, sfx = (np.zeros(5, dtype=np.int64) for _ in range(3))
     maps = [np.zeros(3, dtype=np.int64), np.zeros(2, dtype=np.int64)]
-    assert ext.merge_runs([a, b], keys, cnt, sfx, maps, 100) == 4
+    assert ext.merge_runs([a, b], keys, cnt, sfx, maps, 100, 3) == 4
     assert (keys[:4].tolist(), cnt[:4].tolist(), sfx[:4].tolist()) == ([1, 4, 6, 9], [2, 4, 1, 5], [0, 3, 1, 2])
     assert maps[0].tolist() == [100, 101, 103] and maps[1].tolist() == [101, 102]
+    packed = [np.stack([p[:, 0], p[:, 1] << 32 | p[:, 2]], axis=1) for p in (a, b)]  # (key, count << 32 | suffix)
+    keys[:], cnt[:], sfx[:] = 0, 0, 0
+    assert ext.merge_runs(packed, keys, cnt, sfx, None, 0, 2) == 4
+    assert (keys[:4].tolist(), cnt[:4].tolist(), sfx[:4].tolist()) == ([1, 4, 6, 9], [2, 4, 1, 5], [0, 3, 1, 2])
     with pytest.raises(ValueError, match="do not increase"):
-        ext.merge_runs([a[::-1].copy(), b], keys, cnt, sfx, None, 0)
+        ext.merge_runs([a[::-1].copy(), b], keys, cnt, sfx, None, 0, 3)
     with pytest.raises(ValueError, match="more distinct keys"):
-        ext.merge_runs([a, b], keys[:3], cnt[:3], sfx[:3], None, 0)
+        ext.merge_runs([a, b], keys[:3], cnt[:3], sfx[:3], None, 0, 3)
     with pytest.raises(ValueError, match="another length"):
-        ext.merge_runs([a, b], keys, cnt, sfx, [maps[1], maps[0]], 0)
+        ext.merge_runs([a, b], keys, cnt, sfx, [maps[1], maps[0]], 0, 3)
+    with pytest.raises(ValueError, match="2 or 3 fields"):
+        ext.merge_runs([a, b], keys, cnt, sfx, None, 0, 4)
 
 
 @settings(max_examples=40, deadline=None)

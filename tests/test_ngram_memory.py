@@ -181,6 +181,24 @@ def test_bounded_counts_equal_in_memory_counts(count_path, seed: int, order: int
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_bounded_counts_in_int64_tables_equal_in_memory_counts(monkeypatch, compiled: bool) -> None:
+    """Past 2^31 positions the tables and runs keep int64 counts and ids (3-field runs): forced here."""
+    monkeypatch.setattr(external, "id_dtype", lambda n: np.int64)
+    if not compiled:
+        monkeypatch.setattr(external, "extension", lambda: None)
+    elif extension() is None:
+        require_env("the compiled loops could not be built here")
+    rng = np.random.default_rng(7)
+    vocab, stream = _stream([rng.integers(0, 30, rng.integers(0, 25)).tolist() for _ in range(300)])
+    V, bos = len(vocab) + 1, len(vocab)
+    a, b = count_ngrams(stream, bos, V, 4), count_ngrams_bounded(stream, bos, V, 4, memory=0)
+    assert b.counts[3].dtype == np.int64 and len(b.keys[3]) > 1024  # several chunks, int64 tables
+    for name in ("keys", "counts", "suffix"):
+        for x, y in zip(getattr(a, name), getattr(b, name), strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
 def test_chunks_cover_every_sentence_once() -> None:
     starts = np.cumsum([0] + [5, 0, 3000, 7, 1, 1200, 3])  # one sentence longer than a chunk
     bounds = chunk_bounds(starts, 1024)

@@ -89,13 +89,19 @@ PyObject *seqlm_chunk_keys(PyObject *, PyObject *args) {
 }
 
 PyObject *seqlm_merge_runs(PyObject *, PyObject *args) {
-    // merge_runs(parts [i8 (n_i, 3)], keys i8 (M,), counts i8 (M,), suffix i8 (M,), maps [i8 (n_i,)] or None,
-    //            base) -> m: the parts' rows (key, count, suffix), each part sorted by strictly increasing key,
-    // merged: keys[:m] their distinct keys in order, counts the sums, suffix the first part's; maps[i][j] =
-    // base + the merged index of part i's row j.
+    // merge_runs(parts [i8 (n_i, fields)], keys i8 (M,), counts i8 (M,), suffix i8 (M,), maps [i8 (n_i,)] or
+    //            None, base, fields) -> m: the parts' rows (key, count, suffix), or (key, count << 32 | suffix)
+    // with fields = 2, each part sorted by strictly increasing key, merged: keys[:m] their distinct keys in
+    // order, counts the sums, suffix the first part's; maps[i][j] = base + the merged index of part i's row j.
     PyObject *parts, *maps, *o[3];
     long long base;
-    if (!PyArg_ParseTuple(args, "O!OOOOL", &PyList_Type, &parts, &o[0], &o[1], &o[2], &maps, &base)) return NULL;
+    int fields;
+    if (!PyArg_ParseTuple(args, "O!OOOOLi", &PyList_Type, &parts, &o[0], &o[1], &o[2], &maps, &base, &fields))
+        return NULL;
+    if (fields != 2 && fields != 3) {
+        PyErr_SetString(PyExc_ValueError, "merge_runs: rows of 2 or 3 fields");
+        return NULL;
+    }
     Py_ssize_t K = PyList_GET_SIZE(parts);
     bool with_maps = maps != Py_None;
     if (with_maps && (!PyList_Check(maps) || PyList_GET_SIZE(maps) != K)) {
@@ -113,8 +119,8 @@ PyObject *seqlm_merge_runs(PyObject *, PyObject *args) {
         if (!in.get(PyList_GET_ITEM(parts, i), 8) || (with_maps && !in.get(PyList_GET_ITEM(maps, i), 8, true)))
             return NULL;
         Py_ssize_t n = in.len(at);
-        if (n % 3 || (with_maps && in.len(at + 1) != n / 3)) {
-            PyErr_SetString(PyExc_ValueError, "merge_runs: a part is not rows of 3, or its map another length");
+        if (n % fields || (with_maps && in.len(at + 1) != n / fields)) {
+            PyErr_SetString(PyExc_ValueError, "merge_runs: a part is not rows of `fields`, or its map another length");
             return NULL;
         }
         heads[i] = {in.at<int64_t>(at), in.at<int64_t>(at) + n, with_maps ? in.at<int64_t>(at + 1) : nullptr};
@@ -140,10 +146,10 @@ PyObject *seqlm_merge_runs(PyObject *, PyObject *args) {
         bool first = true;
         for (auto &h : heads) {
             if (h.row == h.end || h.row[0] != low) continue;
-            counts[m] += h.row[1];
-            if (first) suffix[m] = h.row[2], first = false;
+            counts[m] += fields == 3 ? h.row[1] : h.row[1] >> 32;
+            if (first) suffix[m] = fields == 3 ? h.row[2] : h.row[1] & 0xFFFFFFFF, first = false;
             if (h.map) *h.map++ = base + m;
-            h.row += 3;
+            h.row += fields;
             if (h.row < h.end && h.row[0] <= low) {
                 PyErr_SetString(PyExc_ValueError, "merge_runs: a part's keys do not increase");
                 return NULL;

@@ -306,7 +306,7 @@ static PyMethodDef module_methods[] = {
     {"radix_sort", seqlm_radix_sort, METH_VARARGS, "radix_sort(key, scratch, perm or None, perm scratch)"},
     {"sorted_runs", seqlm_sorted_runs, METH_VARARGS, "sorted_runs(work, bits, perm, uniq, first, count, inverse) -> M"},
     {"chunk_keys", seqlm_chunk_keys, METH_VARARGS, "chunk_keys(ids, starts, bos, k, V, rank, key, at) -> P"},
-    {"merge_runs", seqlm_merge_runs, METH_VARARGS, "merge_runs(parts, keys, counts, suffix, maps, base) -> M"},
+    {"merge_runs", seqlm_merge_runs, METH_VARARGS, "merge_runs(parts, keys, counts, suffix, maps, base, fields) -> M"},
     {"dense_rows", seqlm_dense_rows, METH_VARARGS, "dense_rows(window, out, orders, bos): advance.py's rows"},
     {"dense_pairs", seqlm_dense_pairs, METH_VARARGS, "dense_pairs(window, words, out, orders, bos): their entries"},
     {NULL, NULL, 0, NULL},

@@ -69,14 +69,21 @@ def _chunk(stream: TokenStream, s0: int, s1: int, bos_id: int, k: int) -> tuple[
 
 
 class _Runs:
-    """Sorted runs (key, count, suffix) of one order, one file each, merged window by window."""
+    """Sorted runs (key, count, suffix) of one order, one file each, merged window by window. packed: rows
+    (key, count << 32 | suffix), a third less to write and read, where counts and ids fit 31 bits."""
 
-    def __init__(self, folder: Path, k: int, scratch: Scratch):
+    def __init__(self, folder: Path, k: int, scratch: Scratch, packed: bool):
         self.folder, self.k, self.sizes, self.scratch = folder, k, [], scratch
+        self.fields = 2 if packed else RUN_FIELDS
 
     def add(self, keys: np.ndarray, counts: np.ndarray, suffix: np.ndarray) -> None:
-        rows = self.scratch("rows", RUN_FIELDS * len(keys)).reshape(-1, RUN_FIELDS)  # (M, 3)
-        rows[:, 0], rows[:, 1], rows[:, 2] = keys, counts, suffix
+        rows = self.scratch("rows", self.fields * len(keys)).reshape(-1, self.fields)  # (M, 2 or 3)
+        rows[:, 0] = keys
+        if self.fields == 2:
+            np.left_shift(counts, 32, out=rows[:, 1])
+            rows[:, 1] |= suffix
+        else:
+            rows[:, 1], rows[:, 2] = counts, suffix
         rows.tofile(self.folder / f"run{self.k}-{len(self.sizes)}.bin")
         self.sizes.append(len(keys))
 
@@ -84,29 +91,30 @@ class _Runs:
         """Rows [at, at + count) of run i, into the one of run i's two windows not read last (the other
         may still hold the part being merged)."""
         self.flip[i] ^= 1
-        buf = self.scratch(f"window{i}-{self.flip[i]}", count * RUN_FIELDS)
+        buf = self.scratch(f"window{i}-{self.flip[i]}", count * self.fields)
         with open(self.folder / f"run{self.k}-{i}.bin", "rb") as f:
-            f.seek(at * RUN_FIELDS * 8)
+            f.seek(at * self.fields * 8)
             got = f.readinto(memoryview(buf).cast("B")) // 8
-        return buf[: got - got % RUN_FIELDS].reshape(-1, RUN_FIELDS)
+        return buf[: got - got % self.fields].reshape(-1, self.fields)
 
     def _merge_step(self, parts: list[np.ndarray], out: list[Appender], maps: list[Appender], done: int) -> int:
-        """Append the merge of `parts` (each (n_i, 3) rows sorted by key, no key twice in one) to `out`, and
+        """Append the merge of `parts` (each (n_i, fields) rows sorted by key, no key twice in one) to `out`, and
         to each map the merged ids of its part's keys (ids from `done` on). Returns how many keys it added:
         compiled (_count.cpp merge_runs) or numpy (a stable argsort, which merges the runs it finds)."""
         if (ext := extension()) is not None:
             n = sum(len(p) for p in parts)
             columns = [self.scratch(name, n) for name in ("keys", "counts", "suffix")]
             ids = [self.scratch(f"ids{i}", len(p)) for i, p in enumerate(parts)] if maps else None
-            m = ext.merge_runs([np.ascontiguousarray(p) for p in parts], *columns, ids, done)
+            m = ext.merge_runs([np.ascontiguousarray(p) for p in parts], *columns, ids, done, self.fields)
             for o, column in zip(out, columns, strict=True):
                 o.add(column[:m])
             for a, part_ids in zip(maps, ids or [], strict=True):
                 a.add(part_ids)
             return m
-        block = np.concatenate(parts)  # (P, 3) sorted runs one after another
+        block = np.concatenate(parts)  # (P, fields) sorted runs one after another
         keys, first, inverse, _ = unique(block[:, 0], runs=True)
-        for o, column in zip(out, (keys, np.bincount(inverse, block[:, 1]), block[first, 2]), strict=True):
+        count, suffix = (block[:, 1] >> 32, block[:, 1] & 0xFFFFFFFF) if self.fields == 2 else block[:, 1:].T
+        for o, column in zip(out, (keys, np.bincount(inverse, count), suffix[first]), strict=True):
             o.add(column)
         a = 0
         for m, part in zip(maps, parts):  # (no maps without ids)
@@ -114,13 +122,13 @@ class _Runs:
             a += len(part)
         return len(keys)
 
-    def merge(self, window: int, out: list[Appender], ids: bool) -> None:
+    def merge(self, window: int, out: list[Appender], ids: type | None) -> None:
         """Append (keys, counts, suffix) of all runs to `out`, equal keys summed. Each step takes, from
         every run, the keys up to the smallest last key of the current windows, so no later key can
-        precede them. ids: also write runmap{k}-{i}.bin, the merged id of each key of run i."""
+        precede them. ids (a dtype): also write runmap{k}-{i}.bin, the merged id of each key of run i."""
         at, done, self.flip = [0] * len(self.sizes), 0, [0] * len(self.sizes)
         bufs = [self._read(i, 0, window) for i in range(len(self.sizes))]
-        maps = [Appender(self.folder / f"runmap{self.k}-{i}.bin", np.int64) for i in range(len(bufs))] if ids else []
+        maps = [Appender(self.folder / f"runmap{self.k}-{i}.bin", ids) for i in range(len(bufs))] if ids else []
         while any(len(b) for b in bufs):
             pivot = min(int(b[-1, 0]) for b in bufs if len(b))
             parts = []
@@ -174,7 +182,7 @@ def count_to_files(stream: TokenStream, bos_id: int, vocab_size: int, order: int
     return NGramCounts(V, bos_id, keys, counts, suffix)
 
 
-def _prefix_ids(stream, bounds, c, k, folder, scratch) -> tuple[np.ndarray | None, np.ndarray | None]:
+def _prefix_ids(stream, bounds, c, k, folder, scratch, small) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Where chunk c's (k-1)-grams stand in the merged numbering (k > 2): each position's rank in chunk c's
     run of order k-1 (L,) int32, -1 where no (k-1)-gram ends, and that run's merged ids (None with one
     run: the rank is the id). (None, None) for k = 2: the prefixes are words."""
@@ -188,7 +196,7 @@ def _prefix_ids(stream, bounds, c, k, folder, scratch) -> tuple[np.ndarray | Non
     if len(bounds) == 1:
         return rank, None
     path = folder / f"runmap{k - 1}-{c}.bin"
-    merged = scratch("merged", path.stat().st_size // 8)  # (keys of run c,)
+    merged = scratch("merged", path.stat().st_size // np.dtype(small).itemsize, small)  # (keys of run c,)
     with open(path, "rb") as f:
         f.readinto(memoryview(merged).cast("B"))
     return rank, merged
@@ -219,17 +227,17 @@ def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool, s
     """Sorted runs of one order, one per chunk, merged into keys{k} (int64), counts{k} and suffix{k} (`small`:
     a third less to write and read back than int64); with_ids (below the highest order): also rank{k} (each
     position's rank in its chunk's run) and the runs' merged ids."""
-    runs = _Runs(folder, k, scratch)
+    runs = _Runs(folder, k, scratch, packed=small == np.int32)
     out = [Appender(folder / f"{name}{k}.bin", dtype) for name, dtype in (("keys", np.int64), ("counts", small),
                                                                            ("suffix", small))]
     ranks = Appender(folder / f"rank{k}.bin", RANK) if with_ids else None
     for c, (s0, s1) in enumerate(bounds):
-        rank, merged = _prefix_ids(stream, bounds, c, k, folder, scratch)
+        rank, merged = _prefix_ids(stream, bounds, c, k, folder, scratch, small)
         key, at = _chunk_keys(stream, s0, s1, bos_id, V, k, rank, scratch)  # (P,) each, at: positions
         uniq, first, inverse, cnt = unique(key, overwrite=True, inverse=with_ids, scratch=scratch)  # np.unique's
         del key
         if merged is not None:  # prefixes as ranks in this chunk's run -> merged ids (in the same order)
-            uniq = merged[uniq // V] * V + uniq % V  # (M,)
+            uniq = np.multiply(merged[uniq // V], V, dtype=np.int64) + uniq % V  # (M,)
         if rank is None:
             suffix = uniq % V  # (M,) the (k-1)-gram ending where a bigram ends: its word
         else:
@@ -249,7 +257,7 @@ def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool, s
         ranks.__exit__()
     if len(bounds) > 1:  # ~10x the windows at the peak
         scratch.clear()  # the chunks' arrays, before the windows'
-        runs.merge(max(1024, memory // (12 * RUN_FIELDS * 8 * len(runs.sizes))), out, ids=with_ids)
+        runs.merge(max(1024, memory // (12 * RUN_FIELDS * 8 * len(runs.sizes))), out, ids=small if with_ids else None)
     scratch.clear()
     for o in out:
         o.__exit__()

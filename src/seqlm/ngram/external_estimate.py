@@ -184,7 +184,7 @@ def adjust_counts(counts: NGramCounts, folder: Path, b: Budget) -> tuple[list[Ta
             coc.append(count_of_counts(a))
             continue
         n = np.zeros(4, dtype=np.int64)
-        with Appender(folder / f"adjusted{k}.bin", np.int64) as out:
+        with Appender(folder / f"adjusted{k}.bin", raw.dtype) as out:  # (int32 where the raw counts are)
             for a0 in range(0, len(raw), b.chunk):
                 ids = np.arange(a0, min(len(raw), a0 + b.chunk))
                 a = np.where((ids >= lo) & (ids < hi), raw.read(a0, a0 + b.chunk), left.read(a0, a0 + b.chunk))
