@@ -230,8 +230,11 @@ def _order(counts: NGramCounts, k: int, adjusted: FileArray, disc: Discount, low
     cut > 0: an n-gram seen at most `cut` times gives its whole adjusted count to gamma (lmplz's
     CutoffCount, as kneser_ney.initial_probabilities); drop_pruned removes it afterwards."""
     V, keys = counts.vocab_size, counts.keys[k - 1]
+    # (M_k,) p_{k-1} of each n-gram's suffix; with a cut, only of the n-grams kept (pruned ones: NaN, dropped):
+    # a kept n-gram's suffix is seen at least as often, so kept too, and order k+1 reads no NaN from p_k
+    kept = (lambda a, z: counts.counts[k - 1].read(a, z) > cut) if cut else None
     below = windowed_map(lower, counts.suffix[k - 1], folder / f"lower{k}.bin", np.float64, np.nan, gather_answer,
-                         b.window, b.chunk)  # (M_k,) p_{k-1} of each n-gram's suffix
+                         b.window, b.chunk, kept)
     keep_p = k < counts.order
     with (Appender(folder / f"logp{k}.bin", np.float32) as log_p, Appender(folder / f"p{k}.bin", np.float64) as p_out,
           Appender(folder / f"backoff{k - 1}.bin", np.float32) as backoff):

@@ -114,20 +114,26 @@ def take_sorted(table: Table, ids: np.ndarray) -> np.ndarray:
 
 def windowed_map(table: Table, queries: Table, out: str | Path, dtype, fill,
                  answer: Callable[[np.ndarray, int, np.ndarray], tuple[np.ndarray, np.ndarray]],
-                 window: int, chunk: int) -> FileArray:
+                 window: int, chunk: int, wanted: Callable[[int, int], np.ndarray] | None = None) -> FileArray:
     """out[i] = the answer for queries[i] from the table window that holds it (`fill` where none does).
 
     answer(rows, w0, q) -> (mask of the queries this window answers, their answers); rows are table rows
     [w0, w0 + len(rows)). The queries are read once per window; the answers written in place. A table that
-    fits one window is read whole and each chunk's answers written once (no filled file to read back)."""
+    fits one window is read whole and each chunk's answers written once (no filled file to read back); there,
+    `wanted(a, b)` (a mask of queries [a, b)) leaves the queries it does not want at `fill`, unanswered."""
     if len(table) <= window:
         rows = _part(table, 0, len(table))
         with Appender(out, dtype) as whole:
             for a in range(0, len(queries), chunk):
                 q = _part(queries, a, a + chunk)
-                mask, values = answer(rows, 0, q)
                 part = np.full(len(q), fill, dtype=dtype)
-                part[mask] = values
+                if wanted is None:
+                    mask, values = answer(rows, 0, q)
+                    part[mask] = values
+                else:
+                    keep = wanted(a, a + len(q))  # (len(q),)
+                    mask, values = answer(rows, 0, q[keep])
+                    part[np.flatnonzero(keep)[mask]] = values
                 whole.add(part)
         return whole.array
     result = FileArray.full(out, dtype, len(queries), fill)
