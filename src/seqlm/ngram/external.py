@@ -146,12 +146,13 @@ class _Runs:
 
 def count_ngrams_bounded(stream: TokenStream, bos_id: int, vocab_size: int, order: int, memory: int,
                          tmp_dir: str | Path | None = None) -> NGramCounts:
-    """count_ngrams within about `memory` bytes of working space, as in-memory arrays at the end."""
+    """count_ngrams within about `memory` bytes of working space, as in-memory arrays at the end (counts int64,
+    as count_ngrams gives them; the files may hold int32)."""
     folder = Path(tempfile.mkdtemp(prefix="seqlm-kn-", dir=tmp_dir))
     try:
-        counts = count_to_files(stream, bos_id, vocab_size, order, memory, folder)
-        return NGramCounts(vocab_size, bos_id, *([np.asarray(a) for a in getattr(counts, name)]
-                                                 for name in ("keys", "counts", "suffix")))
+        c = count_to_files(stream, bos_id, vocab_size, order, memory, folder)
+        return NGramCounts(vocab_size, bos_id, [np.asarray(a) for a in c.keys],
+                           [np.asarray(a).astype(np.int64) for a in c.counts], [np.asarray(a) for a in c.suffix])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
