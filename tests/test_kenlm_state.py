@@ -131,6 +131,22 @@ def test_sentence_calls_take_text_and_refuse_what_kenlm_refuses(State):
 
 
 @needs_oracle
+def test_a_model_past_the_size_limit_loads_without_entry_tables_unless_asked(monkeypatch):
+    """By default the entry tables are built only where they take at most ENTRIES_AUTO_MAX bytes (24 an n-gram)."""
+    if extension() is None:
+        pytest.skip("the compiled scorer could not be built here")
+    path = ORACLE / "kn5.arpa.gz"
+    model = seqlm.kenlm.Model(path)
+    assert model._scorer.entry_bytes() > 0  # well below 2 GB
+    need = 24 * sum(model._scorer.model.sizes[1:])
+    monkeypatch.setattr(seqlm.ngram.query, "ENTRIES_AUTO_MAX", need - 1)  # a byte short
+    assert seqlm.kenlm.Model(path)._scorer.entry_bytes() == 0
+    assert NGramQuery(model.model, entries=True).entry_bytes() > 0  # asked for: at any size
+    monkeypatch.setattr(seqlm.ngram.query, "ENTRIES_AUTO_MAX", need)
+    assert seqlm.kenlm.Model(path)._scorer.entry_bytes() > 0
+
+
+@needs_oracle
 def test_lazy_load_leaves_out_the_entry_tables_and_scores_the_same(State):
     """kenlm.Config's LoadMethod.LAZY: the model's own tables only (no private copy), the same numbers."""
     config = seqlm.kenlm.Config()

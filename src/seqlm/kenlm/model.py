@@ -70,7 +70,8 @@ class Model:
         require(lm, words="seqlm.kenlm (kenlm's calls; seqlm.score_text reads any model's text)")
         self._lm = lm
         if isinstance(lm, NGramModel):
-            self._scorer = NGramQuery(lm, entries=self.config.load_method != LoadMethod.LAZY)
+            lazy = self.config.load_method == LoadMethod.LAZY  # else the per-call tables where they fit (query.py)
+            self._scorer = NGramQuery(lm, entries=False if lazy else None)
         else:
             from seqlm.kenlm.neural import NeuralScorer
 

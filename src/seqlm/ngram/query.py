@@ -177,15 +177,28 @@ def _row_ids(model: NGramModel, rows: np.ndarray) -> np.ndarray:
     return ids
 
 
+ENTRY_BYTES = 24  # an n-gram's share of the compiled scorer's entry tables (scalar.scalar_scorer)
+ENTRIES_AUTO_MAX = 2 << 30  # entries=None builds them up to this size: a 100M-token KN5 (184M n-grams) would
+# take 4.4 GB and ~27 s to load with them, 2 s without (docs/scaling.md)
+
+
+def entries_by_default(model: NGramModel) -> bool:
+    """Whether the compiled scorer builds its per-call entry tables when not told: when they take at most
+    ENTRIES_AUTO_MAX bytes of this process (GCIDE KN5: 190 MB), so that a big model loads in seconds and
+    stays shared between processes; entries=True builds them at any size."""
+    return ENTRY_BYTES * sum(model.sizes[1:]) <= ENTRIES_AUTO_MAX
+
+
 class NGramQuery:
     """The queries over an NGramModel's tables: KenLM's `kenlm.Model` interface (score, full_scores,
     perplexity, BeginSentenceWrite, BaseScore, BaseFullScore), a batched `score_corpus` and the whole
     next-word distribution (`next_distribution`). NGramModel is the model (tables, estimation, ARPA, the
     LanguageModel protocol); this is how a decoder or a KenLM user asks it things."""
 
-    def __init__(self, model: str | Path | NGramModel, entries: bool = True):
+    def __init__(self, model: str | Path | NGramModel, entries: bool | None = None):
         # KenLM's tables (blanks added where a suffix is missing), so that matched lengths are kenlm's
         self.model = with_suffix_blanks(model if isinstance(model, NGramModel) else load_tables(model))
+        entries = entries_by_default(self.model) if entries is None else entries
         self.vocab = self.model.vocab
         self.order = self.model.order
         v = self.vocab

@@ -57,14 +57,15 @@ def query(model_path: str, text: TextIO, out: TextIO, level: str = "word", fmt: 
     """Score each line of `text` as a sentence and print KenLM `query`'s lines and perplexity summary, or
     (fmt "srilm") SRILM `ngram -ppl -debug N`'s (srilm_format.py; any model family there). null_context:
     no <s> before a line and no </s> after it (KenLM query's -n). load: KenLM query's -l; "lazy" leaves out
-    the per-call entry tables (seqlm.ngram.scalar), the others build them (None: the default, populate)."""
+    the per-call entry tables (seqlm.ngram.scalar), the others build them where they take at most 2 GB
+    (query.entries_by_default; None: the default, populate)."""
     if null_context and fmt == "srilm":
         raise SeqlmError("-n: SRILM's output counts a sentence per </s>; -n goes with the KenLM format only")
     if fmt == "srilm" and not is_ngram(model_path):
         if load is not None:
             raise SeqlmError(f"-l {load}: a load method is for n-gram models; {model_path} is not one")
         return _query_any(model_path, text, out, level, name)
-    m = NGramQuery(model_path, entries=load != "lazy")
+    m = NGramQuery(model_path, entries=False if load == "lazy" else None)
     writer = SrilmWriter(out, level, name, UNK, BOS) if fmt == "srilm" else KenlmWriter(out, level, m)
     for line, scored in (_null_context(m, text) if null_context else _with_context(m, text)):
         if scored is None:
