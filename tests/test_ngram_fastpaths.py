@@ -88,6 +88,16 @@ def test_the_compiled_runs_refuse_arrays_that_do_not_fit() -> None:
         ext.sorted_runs(work, 0, np.arange(3), uniq, first, cnt, None)
 
 
+def test_scratch_hands_back_one_array_a_name_until_asked_for_more() -> None:
+    scratch = counts.Scratch()
+    a, b = scratch("x", 10), scratch("x", 5)
+    assert np.shares_memory(a, b) and len(b) == 5
+    c = scratch("x", 20)
+    assert not np.shares_memory(a, c) and len(c) == 20 and scratch("y", 3, np.int32).dtype == np.int32
+    assert scratch.arange(4).tolist() == [0, 1, 2, 3] and scratch.arange(6).tolist() == list(range(6))
+    assert scratch.arange(2).tolist() == [0, 1]
+
+
 def test_the_compiled_chunk_keys_refuse_what_does_not_fit() -> None:
     ext = extension()
     if ext is None:
