@@ -45,13 +45,14 @@ struct BufferList {
 Py_ssize_t keys_of(const int32_t *ids, const int64_t *starts, Py_ssize_t S, int64_t bos, int k, int64_t V,
                    const int32_t *rank, int64_t *key, int64_t *at, Py_ssize_t P) {
     Py_ssize_t p = 0;
+    const int64_t max_prefix = (INT64_MAX - (V - 1)) / V;  // prefix * V + word stays an int64 for any word < V
     for (Py_ssize_t s = 0; s < S; s++) {
         Py_ssize_t w0 = starts[s] - starts[0], n = starts[s + 1] - starts[s], mark = w0 + s;  // n words + </s>
         for (Py_ssize_t d = k - 1; d <= n; d++) {  // d: the word's distance from <s>
             Py_ssize_t j = mark + d;
             int64_t word = ids[w0 + d - 1];
             int64_t prefix = k > 2 ? rank[j - 1] : d == 1 ? bos : ids[w0 + d - 2];
-            if (word < 0 || word >= V || prefix < 0 || prefix > (INT64_MAX - word) / V || p == P) {
+            if (word < 0 || word >= V || prefix < 0 || prefix > max_prefix || p == P) {
                 PyErr_SetString(PyExc_ValueError, "chunk_keys: an id out of range, or more n-grams than room");
                 return -1;
             }

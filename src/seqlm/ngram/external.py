@@ -92,9 +92,7 @@ class _Runs:
         may still hold the part being merged)."""
         self.flip[i] ^= 1
         buf = self.scratch(f"window{i}-{self.flip[i]}", count * self.fields)
-        with open(self.folder / f"run{self.k}-{i}.bin", "rb") as f:
-            f.seek(at * self.fields * 8)
-            got = f.readinto(memoryview(buf).cast("B")) // 8
+        got = _read_into(self.folder / f"run{self.k}-{i}.bin", at * self.fields, buf)
         return buf[: got - got % self.fields].reshape(-1, self.fields)
 
     def _merge_step(self, parts: list[np.ndarray], out: list[Appender], maps: list[Appender], done: int) -> int:
@@ -190,17 +188,27 @@ def _prefix_ids(stream, bounds, c, k, folder, scratch, small) -> tuple[np.ndarra
     if k == 2:
         return None, None
     s0, s1 = bounds[c]
-    rank = scratch("prefix-rank", int(stream.starts[s1] - stream.starts[s0]) + s1 - s0, RANK.type)  # (L,)
-    with open(folder / f"rank{k - 1}.bin", "rb") as f:
-        f.seek((int(stream.starts[s0]) + s0) * RANK.itemsize)
-        f.readinto(memoryview(rank).cast("B"))
+    rank = scratch("prefix-rank", _positions(stream, s0, s1), RANK.type)  # (L,)
+    _read_into(folder / f"rank{k - 1}.bin", int(stream.starts[s0]) + s0, rank)
     if len(bounds) == 1:
         return rank, None
     path = folder / f"runmap{k - 1}-{c}.bin"
     merged = scratch("merged", path.stat().st_size // np.dtype(small).itemsize, small)  # (keys of run c,)
-    with open(path, "rb") as f:
-        f.readinto(memoryview(merged).cast("B"))
+    _read_into(path, 0, merged)
     return rank, merged
+
+
+def _positions(stream: TokenStream, s0: int, s1: int) -> int:
+    """L: the positions of sentences s0..s1-1 with a <s> before each (their words, </s> and <s>)."""
+    return int(stream.starts[s1] - stream.starts[s0]) + s1 - s0
+
+
+def _read_into(path: Path, at: int, out: np.ndarray) -> int:
+    """Read the file's elements from element `at` on into `out` (a reused array: no fresh pages); returns how
+    many it read (fewer at the end of the file)."""
+    with open(path, "rb") as f:
+        f.seek(at * out.itemsize)
+        return f.readinto(memoryview(out).cast("B")) // out.itemsize
 
 
 def _chunk_keys(stream, s0, s1, bos_id, V, k, rank, scratch) -> tuple[np.ndarray, np.ndarray]:
@@ -250,7 +258,7 @@ def _count_order(stream, bounds, bos_id, V, k, folder, memory, with_ids: bool, s
             for o, column in zip(out, columns, strict=True):
                 o.add(column)
         if ranks is not None:
-            ranked = scratch("rank", int(stream.starts[s1] - stream.starts[s0]) + s1 - s0, RANK.type)  # (L,)
+            ranked = scratch("rank", _positions(stream, s0, s1), RANK.type)  # (L,)
             ranked.fill(-1)
             ranked[at] = inverse  # each position's rank in this chunk's run
             ranks.add(ranked)

@@ -178,14 +178,14 @@ def _row_ids(model: NGramModel, rows: np.ndarray) -> np.ndarray:
 
 
 ENTRY_BYTES = 24  # an n-gram's share of the compiled scorer's entry tables (scalar.scalar_scorer)
-ENTRIES_AUTO_MAX = 2 << 30  # entries=None builds them up to this size: a 100M-token KN5 (184M n-grams) would
-# take 4.4 GB and ~27 s to load with them, 2 s without (docs/scaling.md)
+ENTRIES_AUTO_MAX = 2 << 30  # entries=None builds them up to this size: a 100M-token KN5 (184M n-grams) took
+# 30 s and 8.9 GB to load with them (4.4 GB of tables), 19 s and 4.3 GB without (docs/scaling.md)
 
 
 def entries_by_default(model: NGramModel) -> bool:
     """Whether the compiled scorer builds its per-call entry tables when not told: when they take at most
-    ENTRIES_AUTO_MAX bytes of this process (GCIDE KN5: 190 MB), so that a big model loads in seconds and
-    stays shared between processes; entries=True builds them at any size."""
+    ENTRIES_AUTO_MAX bytes of this process (GCIDE KN5: 190 MB), so that a big model loads without copying its
+    tables and stays shared between processes; entries=True builds them at any size."""
     return ENTRY_BYTES * sum(model.sizes[1:]) <= ENTRIES_AUTO_MAX
 
 
