@@ -17,8 +17,10 @@ every component and their total:
 - each component alone (row `NAME-alone`), then the mixture growing one component at a time in the order of
   --components;
 - the same with dynamic evaluation (`NAME/dynamic`): every component seqlm.eval.dynamic applies to (rnn, lstm,
-  transformer) learns from the text as it scores it, with its own rate, the best of --dynamic-grid on the first
-  --tune-tokens of valid, in the mode its static scores chose. A dynamic pass over PTB valid with segments of
+  transformer) learns from the text as it scores it, with its own rule and rate, the best of plain SGD at the
+  rates of --dynamic-grid and Krause et al.'s RMS rule (seqlm.eval.dynamic_rms, its default decay, statistics
+  from the first --stats-tokens of train) at those of --rms-grid, on the first --tune-tokens of valid, in the
+  mode its static scores chose. A dynamic pass over PTB valid with segments of
   20 tokens took about 4 minutes for a 2 x 200 LSTM or an H400 RNN and 10 for the 4 x 256 Transformer here
   (timed on 5k tokens, one thread, untrained weights): the dynamic rows cost about two hours of scoring;
 - `best-mix`: of all subsets of the components, static or dynamic, whose training took at most BUDGET_MINUTES
@@ -43,6 +45,7 @@ import torch
 import seqlm
 from seqlm.data.corpus import TokenStream, encode_file
 from seqlm.eval.dynamic import DEFAULT_SEGMENT, dynamic_logp, updatable
+from seqlm.eval.dynamic_rms import DEFAULT_STATS_TOKENS, RmsRule
 from seqlm.eval.perplexity import can_stream, evaluate, score_tokens
 from seqlm.models.mixture import MixtureModel, fit_weights, mix_logp
 from seqlm.train.loop import run_status
@@ -190,15 +193,21 @@ class Scores:
         self.dir = out / "scores" / str(stamp)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.modes = ["sentence", "stream"] if can_stream(model) else ["sentence"]
+        self.rms = RmsRule(data / "train.txt", stats_tokens=args.stats_tokens)  # the default decay
 
-    def get(self, split: str, mode: str, lr: float | None = None) -> np.ndarray:
-        key = f"{split}-{mode}-" + ("static" if lr is None else f"dyn{lr:g}-seg{self.args.segment}")
+    def get(self, split: str, mode: str, dyn: tuple[str, float] | None = None) -> np.ndarray:
+        """ln p of every token of `split`: static, or dynamic with `dyn` = (rule, rate), rule "sgd" or "rms"."""
+        seg = self.args.segment
+        key = f"{split}-{mode}-" + ("static" if dyn is None else f"dyn{dyn[1]:g}-seg{seg}" if dyn[0] == "sgd"
+                                    else f"rms{dyn[1]:g}-decay{self.rms.decay:g}-stats{self.rms.stats_tokens}-seg{seg}")
         path = self.dir / f"{key}.npy"
         if path.exists():
             return np.load(path)
         stream, text = mode == "stream", self.texts[split]
-        logp = (score_tokens(self.model, text, stream).logp if lr is None
-                else dynamic_logp(self.model, text, stream, lr, self.args.segment))
+        if dyn is None:
+            logp = score_tokens(self.model, text, stream).logp
+        else:
+            logp = dynamic_logp(self.model, text, stream, dyn[1], seg, self.rms if dyn[0] == "rms" else None)
         np.save(path, logp)
         return logp
 
@@ -206,12 +215,14 @@ class Scores:
         """The mode of the stream column: stream where the model has it and (static) valid says it is better."""
         return min(self.modes, key=lambda m: ppl(self.get("valid", m)))
 
-    def best_lr(self) -> float | None:
-        """The rate of --dynamic-grid with the lowest perplexity on the first --tune-tokens of valid, in the
-        best mode (dynamic passes cost minutes each on PTB: the grid is tried on a part of valid only)."""
-        if not updatable(self.model) or not self.args.dynamic_grid:
+    def best_dynamic(self) -> tuple[str, float] | None:
+        """The (rule, rate) of --dynamic-grid (plain SGD) and --rms-grid (Krause et al.'s RMS rule, statistics
+        from the training text) with the lowest perplexity on the first --tune-tokens of valid, in the best
+        mode (dynamic passes cost minutes each on PTB: the grids are tried on a part of valid only)."""
+        grid = [("sgd", lr) for lr in self.args.dynamic_grid] + [("rms", lr) for lr in self.args.rms_grid]
+        if not updatable(self.model) or not grid:
             return None
-        return min(self.args.dynamic_grid, key=lambda lr: ppl(self.get("tune", self.best_mode(), lr)))
+        return min(grid, key=lambda dyn: ppl(self.get("tune", self.best_mode(), dyn)))
 
 
 def component_table(names: list[str], data: Path, work: Path, args) -> dict[str, dict]:
@@ -222,11 +233,11 @@ def component_table(names: list[str], data: Path, work: Path, args) -> dict[str,
         out = work / c.name
         record = train(c, data, out, args)
         sc = Scores(seqlm.load(out), out, data, args)
-        lr = sc.best_lr()
+        dyn = sc.best_dynamic()
         entry = {**record, "runs": component_runs(out), "source": c.source,
-                 "recipe": " ".join(c.quick if args.quick else c.flags),
-                 "dir": str(out), "can_stream": "stream" in sc.modes, "dynamic_lr": lr}
-        for kind, rate in (("static", None), ("dynamic", lr)):
+                 "recipe": " ".join(c.quick if args.quick else c.flags), "dir": str(out),
+                 "can_stream": "stream" in sc.modes, "dynamic_lr": dyn and dyn[1], "dynamic_rule": dyn and dyn[0]}
+        for kind, rate in (("static", None), ("dynamic", dyn)):
             if kind == "dynamic" and rate is None:
                 entry[kind] = entry["static"]  # dynamic evaluation does not apply: the static scores
                 continue
@@ -235,7 +246,7 @@ def component_table(names: list[str], data: Path, work: Path, args) -> dict[str,
                            **{f"{s}_sentence": sc.get(s, "sentence", rate) for s in ("valid", "test")},
                            **{f"{s}_stream": sc.get(s, mode, rate) for s in ("valid", "test")}}
         table[c.name] = entry
-        print(json.dumps({"component": c.name, **record, "dynamic_lr": lr}), flush=True)
+        print(json.dumps({"component": c.name, **record, "dynamic": dyn}), flush=True)
     return table
 
 
@@ -253,6 +264,7 @@ def mixture_row(name: str, members: list[str], kind: str, table: dict, em_iters:
     row["stream_modes"] = {m: table[m][kind]["stream_mode"] for m in members}
     if kind == "dynamic":
         row["dynamic_lr"] = {m: table[m]["dynamic_lr"] for m in members if table[m]["dynamic_lr"] is not None}
+        row["dynamic_rule"] = {m: table[m]["dynamic_rule"] for m in members if table[m]["dynamic_rule"] is not None}
     row["train_minutes"] = {m: table[m]["train_minutes"] for m in members}
     row["train_minutes_total"] = sum(row["train_minutes"].values())
     row["components_finished"] = all(table[m]["finished"] for m in members)
@@ -328,11 +340,16 @@ def main() -> None:
     p.add_argument("--session-minutes", type=float, default=0.0, help="stop starting epochs after this long")
     p.add_argument("--dynamic-grid", default="0.01,0.03,0.1,0.3,1",
                    help="dynamic evaluation rates tried on valid per component ('' = no dynamic rows)")
+    p.add_argument("--rms-grid", default="0.00003,0.0001,0.0003,0.001",
+                   help="rates of Krause et al.'s RMS rule tried on valid per component ('' = plain SGD only)")
+    p.add_argument("--stats-tokens", type=int, default=DEFAULT_STATS_TOKENS,
+                   help="the RMS rule's gradient statistics: from this many tokens of the training text")
     p.add_argument("--segment", type=int, default=DEFAULT_SEGMENT, help="dynamic evaluation: tokens per segment")
     p.add_argument("--tune-tokens", type=int, default=20000, help="the dynamic rate is chosen on this much of valid")
     p.add_argument("--quick", action="store_true", help="tiny models on 2000 PTB sentences: a check of the pipeline")
     args = p.parse_args()
     args.dynamic_grid = [float(x) for x in args.dynamic_grid.split(",") if x.strip()]
+    args.rms_grid = [float(x) for x in args.rms_grid.split(",") if x.strip()]
     torch.set_num_threads(args.threads)
     names = args.components.split(",")
     known = [c.name for c in components()]
