@@ -222,7 +222,12 @@ class Scores:
         grid = [("sgd", lr) for lr in self.args.dynamic_grid] + [("rms", lr) for lr in self.args.rms_grid]
         if not updatable(self.model) or not grid:
             return None
-        return min(grid, key=lambda dyn: ppl(self.get("tune", self.best_mode(), dyn)))
+        return min(grid, key=lambda dyn: _finite(ppl(self.get("tune", self.best_mode(), dyn))))
+
+
+def _finite(x: float) -> float:
+    """A diverged pass (inf or nan: large rates blow up) ranks last instead of confusing min()."""
+    return x if math.isfinite(x) else math.inf
 
 
 def component_table(names: list[str], data: Path, work: Path, args) -> dict[str, dict]:
@@ -340,7 +345,7 @@ def main() -> None:
     p.add_argument("--session-minutes", type=float, default=0.0, help="stop starting epochs after this long")
     p.add_argument("--dynamic-grid", default="0.01,0.03,0.1,0.3,1",
                    help="dynamic evaluation rates tried on valid per component ('' = no dynamic rows)")
-    p.add_argument("--rms-grid", default="0.00003,0.0001,0.0003,0.001",
+    p.add_argument("--rms-grid", default="0.00001,0.00003,0.0001,0.0003",
                    help="rates of Krause et al.'s RMS rule tried on valid per component ('' = plain SGD only)")
     p.add_argument("--stats-tokens", type=int, default=DEFAULT_STATS_TOKENS,
                    help="the RMS rule's gradient statistics: from this many tokens of the training text")
