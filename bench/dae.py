@@ -10,6 +10,8 @@ and the diversity of sampled-c(s) + beam decoding against plain sampling.
     python bench/dae.py --rows word-baseline-20ep,word-semhash-20ep --threads 1   # ~2 hours: 10 epochs, then 20
     python bench/dae.py --rows word-baseline-30ep --threads 1 &   # ~2 hours each, side by side: 10, 20, then 30
     python bench/dae.py --rows word-semhash-30ep --threads 1
+    python bench/dae.py --rows char-baseline-24ep-fixedpos --threads 1 &   # ~2.5 hours each: 3, 6, 12, then 24
+    python bench/dae.py --rows char-semhash-24ep-fixedpos-balance --threads 1
 
 Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
 trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
@@ -98,7 +100,10 @@ CONTINUED = {"char-baseline-6ep-fixedpos": ("char-baseline-3ep-fixedpos", 6, 25)
              "word-semhash-20ep": ("word-semhash-10ep", 20, 60),
              # and still climbing at 20 (31.7%): both continued to 30
              "word-baseline-30ep": ("word-baseline-20ep", 30, 60),
-             "word-semhash-30ep": ("word-semhash-20ep", 30, 60)}
+             "word-semhash-30ep": ("word-semhash-20ep", 30, 60),
+             # char level at 43.8% after 12 epochs (+7 to +10 points a doubling), the goal 50%: on to 24
+             "char-baseline-24ep-fixedpos": ("char-baseline-12ep-fixedpos", 24, 90),
+             "char-semhash-24ep-fixedpos-balance": ("char-semhash-12ep-fixedpos-balance", 24, 90)}
 for _name, (_src, _epochs, _minutes) in CONTINUED.items():
     ROWS[_name] = [*ROWS[_src], "--max-epochs", str(_epochs), "--max-minutes", str(_minutes)]
 
@@ -119,7 +124,8 @@ ROWS["synthetic-semhash-big"] = BIG
 
 def _baseline(name: str) -> str:
     # a variant's baseline ran the same recipe
-    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-15m", "-10ep", "-20ep", "-30ep"):
+    for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-24ep-fixedpos", "-15m",
+                "-10ep", "-20ep", "-30ep"):
         if tag in name:
             return ("word" if name.startswith("word") else "char") + "-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
@@ -312,7 +318,7 @@ def run_diversity(args: argparse.Namespace, name: str = "diversity", n: int = 12
 EPOCH_CURVES = {  # DSAE against epochs: rows of one recipe trained longer (CONTINUED chains), per unit
     "word": ["word-semhash-10ep", "word-semhash-20ep", "word-semhash-30ep"],
     "char": ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance",
-             "char-semhash-12ep-fixedpos-balance"],
+             "char-semhash-12ep-fixedpos-balance", "char-semhash-24ep-fixedpos-balance"],
 }
 
 
