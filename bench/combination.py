@@ -57,7 +57,8 @@ from common import merge_rows, provenance, ptb_dir
 WORK = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS", Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 BUDGET_MINUTES = 240.0  # issue 44's limit on the training of best-mix's components together
 MIKOLOV_THESIS = 83.5  # PTB test perplexity of the combination in Mikolov's thesis (cache, dynamic RNNs)
-GOAL = 90.0
+MIKOLOV_ADAPTED = 79.4  # the same with adaptation (issue 44 cites both)
+GOAL = 80.0  # issue 44 item 6 (issue 21's was 90)
 COUNTED = ("kn", "cache")  # estimated (or nothing to learn), not trained: no epochs, no resume
 TINY = ["--hidden", "16", "--max-epochs", "1"]
 TINY_TRANSFORMER = ["--layers", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--context", "16",
@@ -330,7 +331,8 @@ def rows(table: dict, work: Path, data: Path) -> list[dict]:
         best.update({"chosen_on": f"lowest valid_ppl_stream of all subsets, static or dynamic, trained in at most "
                                   f"{BUDGET_MINUTES:g} minutes together",
                      "goal_test_ppl_stream": GOAL, "goal_met": best["test_ppl_stream"] <= GOAL,
-                     "distance_to_mikolov_83.5": best["test_ppl_stream"] - MIKOLOV_THESIS})
+                     "distance_to_mikolov_83.5": best["test_ppl_stream"] - MIKOLOV_THESIS,
+                     "distance_to_mikolov_79.4": best["test_ppl_stream"] - MIKOLOV_ADAPTED})
         if kind == "static":
             best.update(save_best(best, table, work, data))
         out.append(best)
