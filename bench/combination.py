@@ -20,9 +20,9 @@ every component and their total:
   transformer) learns from the text as it scores it, with its own rule and rate, the best of plain SGD at the
   rates of --dynamic-grid and Krause et al.'s RMS rule (seqlm.eval.dynamic_rms, its default decay, statistics
   from the first --stats-tokens of train) at those of --rms-grid, on the first --tune-tokens of valid, in the
-  mode its static scores chose. A dynamic pass over PTB valid with segments of
-  20 tokens took about 4 minutes for a 2 x 200 LSTM or an H400 RNN and 10 for the 4 x 256 Transformer here
-  (timed on 5k tokens, one thread, untrained weights): the dynamic rows cost about two hours of scoring;
+  mode its static scores chose. All of a component's dynamic passes (9 rates on the tuning part, then valid and
+  test in both columns) took 20 minutes for the H 400 RNN, 11 for the 2 x 200 LSTM and under 10 for the 4 x 256
+  Transformer (sentence mode only) in the 8780bb6 run, one thread each beside other work;
 - `best-mix`: of all subsets of the components, static or dynamic, whose training took at most BUDGET_MINUTES
   together, the one with the lowest valid_ppl_stream (chosen on valid, never on test); with its distance to
   Mikolov's 83.5. A static best-mix is also saved as a mixture directory and evaluated by `seqlm.load`.
@@ -243,14 +243,14 @@ def component_table(names: list[str], data: Path, work: Path, args) -> dict[str,
         entry = {**record, "runs": component_runs(out), "source": c.source,
                  "recipe": " ".join(c.quick if args.quick else c.flags), "dir": str(out),
                  "can_stream": "stream" in sc.modes, "dynamic_lr": dyn and dyn[1], "dynamic_rule": dyn and dyn[0]}
-        for kind, rate in (("static", None), ("dynamic", dyn)):
-            if kind == "dynamic" and rate is None:
+        for kind, setting in (("static", None), ("dynamic", dyn)):
+            if kind == "dynamic" and setting is None:
                 entry[kind] = entry["static"]  # dynamic evaluation does not apply: the static scores
                 continue
             mode = sc.best_mode()  # dynamic rows keep each component's static choice: no pass is spent on the other
             entry[kind] = {"stream_mode": mode,
-                           **{f"{s}_sentence": sc.get(s, "sentence", rate) for s in ("valid", "test")},
-                           **{f"{s}_stream": sc.get(s, mode, rate) for s in ("valid", "test")}}
+                           **{f"{s}_sentence": sc.get(s, "sentence", setting) for s in ("valid", "test")},
+                           **{f"{s}_stream": sc.get(s, mode, setting) for s in ("valid", "test")}}
         table[c.name] = entry
         print(json.dumps({"component": c.name, **record, "dynamic": dyn}), flush=True)
     return table
