@@ -21,8 +21,8 @@ every component and their total:
   rates of --dynamic-grid and Krause et al.'s RMS rule (seqlm.eval.dynamic_rms, its default decay, statistics
   from the first --stats-tokens of train) at those of --rms-grid, on the first --tune-tokens of valid, in the
   mode its static scores chose. All of a component's dynamic passes (9 rates on the tuning part, then valid and
-  test in both columns) took 20 minutes for the H 400 RNN, 11 for the 2 x 200 LSTM and under 10 for the 4 x 256
-  Transformer (sentence mode only) in the 8780bb6 run, one thread each beside other work;
+  test in both columns) took 19 minutes for the H 400 RNN, 9 for the 2 x 200 LSTM and 9 for the 4 x 256
+  Transformer (sentence mode only) for the 8780bb6 rows, one thread each beside other work (score files' times);
 - `best-mix`: of all subsets of the components, static or dynamic, whose training took at most BUDGET_MINUTES
   together, the one with the lowest valid_ppl_stream (chosen on valid, never on test); with its distance to
   Mikolov's 83.5. A static best-mix is also saved as a mixture directory and evaluated by `seqlm.load`.
@@ -140,9 +140,8 @@ RUNS = "bench_runs.json"  # beside a component: the invocations that trained it,
 
 
 def _record_run(out: Path, name: str, threads: int) -> None:
-    path = out / RUNS
-    runs = json.loads(path.read_text()) if path.exists() else []
-    path.write_text(json.dumps([*runs, {**provenance(threads), "stage": f"component {name}"}], indent=1))
+    runs = [*component_runs(out), {**provenance(threads), "stage": f"component {name}"}]
+    (out / RUNS).write_text(json.dumps(runs, indent=1))
 
 
 def component_runs(out: Path) -> list[dict]:
@@ -198,19 +197,26 @@ class Scores:
 
     def get(self, split: str, mode: str, dyn: tuple[str, float] | None = None) -> np.ndarray:
         """ln p of every token of `split`: static, or dynamic with `dyn` = (rule, rate), rule "sgd" or "rms"."""
-        seg = self.args.segment
-        key = f"{split}-{mode}-" + ("static" if dyn is None else f"dyn{dyn[1]:g}-seg{seg}" if dyn[0] == "sgd"
-                                    else f"rms{dyn[1]:g}-decay{self.rms.decay:g}-stats{self.rms.stats_tokens}-seg{seg}")
-        path = self.dir / f"{key}.npy"
+        path = self.dir / f"{split}-{mode}-{self._setting(dyn)}.npy"
         if path.exists():
             return np.load(path)
         stream, text = mode == "stream", self.texts[split]
         if dyn is None:
             logp = score_tokens(self.model, text, stream).logp
         else:
-            logp = dynamic_logp(self.model, text, stream, dyn[1], seg, self.rms if dyn[0] == "rms" else None)
+            rule = self.rms if dyn[0] == "rms" else None
+            logp = dynamic_logp(self.model, text, stream, dyn[1], self.args.segment, rule)
         np.save(path, logp)
         return logp
+
+    def _setting(self, dyn: tuple[str, float] | None) -> str:
+        """The part of a score file's name that says how it was scored (unchanged for plain SGD's files)."""
+        seg = self.args.segment
+        if dyn is None:
+            return "static"
+        if dyn[0] == "sgd":
+            return f"dyn{dyn[1]:g}-seg{seg}"
+        return f"rms{dyn[1]:g}-decay{self.rms.decay:g}-stats{self.rms.stats_tokens}-seg{seg}"
 
     def best_mode(self) -> str:
         """The mode of the stream column: stream where the model has it and (static) valid says it is better."""
