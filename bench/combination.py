@@ -52,7 +52,7 @@ from seqlm.train.loop import run_status
 from seqlm.train.precision import fast_precision
 from seqlm.train.run import train_from_cli
 
-from common import merge_rows, provenance, ptb_dir
+from common import checkpoint_runs, merge_rows, provenance, ptb_dir, record_runs
 
 WORK = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS", Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 BUDGET_MINUTES = 240.0  # issue 44's limit on the training of best-mix's components together
@@ -136,18 +136,8 @@ def train(c: Component, data: Path, out: Path, args: argparse.Namespace) -> dict
             .get("precision", "fp32")}
 
 
-RUNS = "bench_runs.json"  # beside a component: the invocations that trained it, for the rows' `runs`
-
-
 def _record_run(out: Path, name: str, threads: int) -> None:
-    runs = [*component_runs(out), {**provenance(threads), "stage": f"component {name}"}]
-    (out / RUNS).write_text(json.dumps(runs, indent=1))
-
-
-def component_runs(out: Path) -> list[dict]:
-    """The invocations that trained a component (none recorded for one trained before they were kept)."""
-    path = out / RUNS
-    return json.loads(path.read_text()) if path.exists() else []
+    record_runs(out, [*checkpoint_runs(out), {**provenance(threads), "stage": f"component {name}"}])
 
 
 def precision(c: Component, args: argparse.Namespace) -> str:
@@ -246,7 +236,7 @@ def component_table(names: list[str], data: Path, work: Path, args) -> dict[str,
         record = train(c, data, out, args)
         sc = Scores(seqlm.load(out), out, data, args)
         dyn = sc.best_dynamic()
-        entry = {**record, "runs": component_runs(out), "source": c.source,
+        entry = {**record, "runs": checkpoint_runs(out), "source": c.source,
                  "recipe": " ".join(c.quick if args.quick else c.flags), "dir": str(out),
                  "can_stream": "stream" in sc.modes, "dynamic_lr": dyn and dyn[1], "dynamic_rule": dyn and dyn[0]}
         for kind, setting in (("static", None), ("dynamic", dyn)):

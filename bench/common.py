@@ -99,7 +99,16 @@ def _now() -> str:
 
 # Taken when the benchmark process starts (this module is imported first thing), so a row records the
 # revision that produced it, not the one that happened to be checked out when it was written.
-RUN = {"command": " ".join(["python"] + sys.argv), "git_rev": git_rev(), "started": _now()}
+def _command(argv: list[str]) -> str:
+    """The invocation as a fresh checkout repeats it: the script named from the repository's root, wherever
+    this checkout lies (a worktree's absolute path is no command for another machine)."""
+    script = Path(argv[0]).resolve() if argv and argv[0] else None
+    if script is not None and script.is_relative_to(ROOT):
+        argv = [str(script.relative_to(ROOT)), *argv[1:]]
+    return " ".join(["python", *argv])
+
+
+RUN = {"command": _command(sys.argv), "git_rev": git_rev(), "started": _now()}
 
 
 def provenance(threads: int | None = None) -> dict:
@@ -122,7 +131,9 @@ def merge_rows(name: str, rows: list[dict], extra: dict | None = None) -> Path:
     """Write rows into bench/results/NAME.json, replacing rows of the same name, keeping the others.
 
     Every row gets `runs`: the provenance of each invocation that produced it. A row with `"resumed": True`
-    continued an earlier invocation's checkpoint, so the earlier row's runs are kept in front of this one.
+    continued an earlier invocation's checkpoint, so the earlier row's runs are kept in front of this one;
+    a row that knows those invocations itself (`earlier_runs`, recorded beside its checkpoint) passes them,
+    since the row of that name in the table may be another run's whose checkpoint is gone.
     A row that continues another row's checkpoint (a chained stage) passes that row's runs as `stage_runs`:
     they go first, each marked with the `stage` (row) it ran, and the row's own `command` is its own first
     invocation, the one that reproduces the whole chain.
@@ -140,6 +151,7 @@ def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -
     by_name = {r["name"]: r for r in old.get("rows", [])}
     for r in rows:
         earlier = by_name.get(r["name"], {}).get("runs", []) if r.get("resumed") else []
+        earlier = r["earlier_runs"] if "earlier_runs" in r else earlier
         here = provenance(r.get("threads") or torch.get_num_threads())
         runs = _chain(r.get("stage_runs", []), earlier, r["name"])
         if "stage_runs" in r:
@@ -151,7 +163,7 @@ def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -
             runs.append(here)
         # the row's own provenance is the invocation that started it (its own stage's); `runs` lists them all
         first = next((x for x in runs if x.get("stage", r["name"]) == r["name"]), runs[0])
-        r = {k: v for k, v in r.items() if k != "stage_runs"}
+        r = {k: v for k, v in r.items() if k not in ("stage_runs", "earlier_runs")}
         by_name[r["name"]] = {**r, "command": first["command"], "git_rev": first["git_rev"],
                               "dirty": any(x["git_rev"].endswith("-dirty") for x in runs),
                               "started": first["started"], "ended": runs[-1]["ended"],
@@ -170,6 +182,21 @@ def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
     return path
+
+
+RUNS_FILE = "bench_runs.json"  # beside a checkpoint: the invocations that trained it, for its rows' `runs`
+
+
+def checkpoint_runs(out: Path) -> list[dict]:
+    """The invocations recorded as training the checkpoint in `out` (none for one trained before they were
+    kept); one that was stopped before it finished has `"ended": None`."""
+    path = out / RUNS_FILE
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def record_runs(out: Path, runs: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RUNS_FILE).write_text(json.dumps(runs, indent=1))
 
 
 def _chain(stage_runs: list[dict], earlier: list[dict], name: str) -> list[dict]:

@@ -36,7 +36,17 @@ from seqlm.eval.dsae import dsae_report
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
-from common import CHECKPOINTS, RESULTS, merge_rows, ptb_dir, row_parser
+from common import (
+    CHECKPOINTS,
+    RESULTS,
+    RUNS_FILE,
+    checkpoint_runs,
+    merge_rows,
+    provenance,
+    ptb_dir,
+    record_runs,
+    row_parser,
+)
 
 COMMON = ["--layers", "2", "--d-model", "128", "--heads", "4", "--d-ff", "512", "--filter-size", "512",
           "--k", "3", "--bits", "16", "--pretrain-steps", "40", "--optimizer", "adamw", "--schedule",
@@ -187,7 +197,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
     copied, stage_runs = False, None
     if name in CONTINUED and not out.exists():  # continue the previous stage's run, running it first if needed
         stage_runs = _stage(CONTINUED[name][0], args)
-        shutil.copytree(CHECKPOINTS / "dae" / CONTINUED[name][0], out)
+        shutil.copytree(CHECKPOINTS / "dae" / CONTINUED[name][0], out, ignore=shutil.ignore_patterns(RUNS_FILE))
         (out / STAGE_RUNS).write_text(json.dumps(stage_runs))
         copied = True
     elif name in CONTINUED and (out / STAGE_RUNS).exists():
@@ -198,7 +208,10 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
         recipe[recipe.index("--max-minutes") + 1] = str(args.minutes)
     flags = recipe + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
     data = synthetic_corpus() if name.startswith("synthetic") else ptb_dir()
+    earlier = checkpoint_runs(out) if resumed else []  # this stage's invocations before (stopped ones too)
+    record_runs(out, [*earlier, {**provenance(args.threads), "ended": None}])
     result = train_from_cli("dae", str(data), str(out), None, flags, resume=resumed)
+    record_runs(out, [*earlier, provenance(args.threads)])
     hist = run_status(out)["history"]
     cfg = json.loads((out / "config.json").read_text())
     unit = cfg["data"]["unit"]
@@ -207,6 +220,8 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
            "train_minutes": sum(h["epoch_seconds"] for h in hist) / 60,
            "train_tokens": sum(h["train_tokens"] for h in hist), "threads": args.threads,
            "resumed": resumed and not copied, "config": cfg["model"]}  # copied: a new run of this stage
+    if earlier or not resumed:  # a checkpoint from before the record was kept: the table's row has its runs
+        row["earlier_runs"] = earlier
     if stage_runs is not None:
         row.update(chain=_chain(name), stage_runs=stage_runs)
     row["train_tokens_per_s"] = row["train_tokens"] / max(row["train_minutes"] * 60, 1e-9)

@@ -59,16 +59,13 @@ def test_each_row_records_its_own_runs_and_a_resumed_row_keeps_the_earlier_ones(
     assert len(json.loads((tmp_path / "t.json").read_text())["rows"][0]["runs"]) == 1
 
 
-def test_a_chained_row_runs_its_stages_from_nothing_and_records_every_stage(tmp_path, monkeypatch):
-    """`--rows char-semhash-12ep-fixedpos-balance` on a fresh checkout (no checkpoints) trains the 3-, 6- and
-    12-epoch stages in order, each from the previous one's checkpoint; the row's `runs` lists all three."""
+def _fake_dae(tmp_path, monkeypatch, calls: list):
+    """bench/dae.py with `seqlm train` replaced by a stand-in that writes its epochs to a file."""
     import argparse
 
     import dae
 
     import common
-
-    calls = []
 
     def fake_train(family, data, out, config, flags, resume):  # stands in for seqlm train: epochs in a file
         out = Path(out)
@@ -94,7 +91,14 @@ def test_a_chained_row_runs_its_stages_from_nothing_and_records_every_stage(tmp_
     monkeypatch.setattr(dae, "run_status", fake_status)
     monkeypatch.setattr(dae, "_code_usage", lambda out, data: {})
     monkeypatch.setattr(dae, "ptb_dir", lambda: tmp_path)
-    args = argparse.Namespace(minutes=0.0, precision="fp32", threads=1, device="cpu")
+    return dae, common, argparse.Namespace(minutes=0.0, precision="fp32", threads=1, device="cpu")
+
+
+def test_a_chained_row_runs_its_stages_from_nothing_and_records_every_stage(tmp_path, monkeypatch):
+    """`--rows char-semhash-12ep-fixedpos-balance` on a fresh checkout (no checkpoints) trains the 3-, 6- and
+    12-epoch stages in order, each from the previous one's checkpoint; the row's `runs` lists all three."""
+    calls = []
+    dae, common, args = _fake_dae(tmp_path, monkeypatch, calls)
     name = "char-semhash-12ep-fixedpos-balance"
     dae.merge_rows("dae", [dae.run_row(name, args)])
     stages = ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance", name]
@@ -110,6 +114,37 @@ def test_a_chained_row_runs_its_stages_from_nothing_and_records_every_stage(tmp_
     dae.merge_rows("dae", [dae.run_row(name, args)])
     rows = {r["name"]: r for r in json.loads((tmp_path / "results" / "dae.json").read_text())["rows"]}
     assert calls == [(name, 12, 12)] and [x["stage"] for x in rows[name]["runs"]] == [*stages, name]
+
+
+def test_a_resumed_row_lists_its_own_checkpoints_runs_not_an_older_rows_of_that_name(tmp_path, monkeypatch):
+    """A stage stopped mid-way (no row written) and resumed later: its row lists the stopped invocation
+    (ended None) and the one that finished it, never the runs of the table's older row of the same name,
+    whose checkpoint was another training."""
+    calls = []
+    dae, common, args = _fake_dae(tmp_path, monkeypatch, calls)
+    name = "char-baseline-3ep-fixedpos"
+    common.merge_rows("dae", [{"name": name, "test_ppl": 9.0}])  # an older run's row, its checkpoint gone
+    monkeypatch.setitem(common.RUN, "started", "stopped")
+    out = dae.CHECKPOINTS / "dae" / name
+    common.record_runs(out, [{**common.provenance(1), "ended": None}])  # as run_row leaves it when killed
+    (out / "status.json").write_text(json.dumps({"epoch": 1, "history": [{"epoch_seconds": 60.0,
+                                                                           "train_tokens": 1000}]}))
+    monkeypatch.setitem(common.RUN, "started", "resumed")
+    dae.merge_rows("dae", [dae.run_row(name, args)])
+    row = {r["name"]: r for r in json.loads((tmp_path / "results" / "dae.json").read_text())["rows"]}[name]
+    assert calls == [(name, 1, 3)] and row["resumed"]
+    assert [(x["started"], x["ended"] is None) for x in row["runs"]] == [("stopped", True), ("resumed", False)]
+    assert row["started"] == "stopped" and "earlier_runs" not in row
+    assert [x["started"] for x in common.checkpoint_runs(out)] == ["stopped", "resumed"]
+
+
+def test_a_rows_command_names_the_script_from_the_repository_root(tmp_path):
+    """A benchmark started by its absolute path (from a worktree) records the command a checkout repeats."""
+    import common
+
+    assert common._command([str(common.ROOT / "bench" / "dae.py"), "--rows", "x"]) == "python bench/dae.py --rows x"
+    assert common._command(["bench/dae.py", "--rows", "x"]) == "python bench/dae.py --rows x"
+    assert common._command([str(tmp_path / "elsewhere.py")]) == f"python {tmp_path / 'elsewhere.py'}"
 
 
 def test_a_row_name_used_twice_with_different_figures_is_caught(tmp_path):
