@@ -359,7 +359,7 @@ def plot(path: Path) -> None:
         points = [(_epochs(n), 100 * saved[n]["dsae"]) for n in names if saved.get(n, {}).get("dsae") is not None]
         if points:
             curve.plot(*zip(*points), marker="o", label=f"{unit} level")
-    curve.set_xlabel("epochs")
+    curve.set_xlabel("epochs planned (time limits cut some stages short)", fontsize=8)
     curve.set_ylabel("DSAE (%)")
     curve.set_title("the same recipe, trained longer", fontsize=10)
     curve.legend(fontsize=8)
