@@ -97,8 +97,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-# Taken when the benchmark process starts (this module is imported first thing), so a row records the
-# revision that produced it, not the one that happened to be checked out when it was written.
 def _command(argv: list[str]) -> str:
     """The invocation as a fresh checkout repeats it: the script named from the repository's root, wherever
     this checkout lies (a worktree's absolute path is no command for another machine)."""
@@ -108,6 +106,8 @@ def _command(argv: list[str]) -> str:
     return " ".join(["python", *argv])
 
 
+# Taken when the benchmark process starts (this module is imported first thing), so a row records the
+# revision that produced it, not the one that happened to be checked out when it was written.
 RUN = {"command": _command(sys.argv), "git_rev": git_rev(), "started": _now()}
 
 
@@ -150,8 +150,8 @@ def _merge_locked(path: Path, name: str, rows: list[dict], extra: dict | None) -
     old = json.loads(path.read_text()) if path.exists() else {}
     by_name = {r["name"]: r for r in old.get("rows", [])}
     for r in rows:
-        earlier = by_name.get(r["name"], {}).get("runs", []) if r.get("resumed") else []
-        earlier = r["earlier_runs"] if "earlier_runs" in r else earlier
+        table_runs = by_name.get(r["name"], {}).get("runs", []) if r.get("resumed") else []
+        earlier = r.get("earlier_runs", table_runs)  # the checkpoint's own record where the row brings it
         here = provenance(r.get("threads") or torch.get_num_threads())
         runs = _chain(r.get("stage_runs", []), earlier, r["name"])
         if "stage_runs" in r:

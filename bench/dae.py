@@ -220,7 +220,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
            "train_minutes": sum(h["epoch_seconds"] for h in hist) / 60,
            "train_tokens": sum(h["train_tokens"] for h in hist), "threads": args.threads,
            "resumed": resumed and not copied, "config": cfg["model"]}  # copied: a new run of this stage
-    if earlier or not resumed:  # a checkpoint from before the record was kept: the table's row has its runs
+    if earlier:  # else a fresh run, or a checkpoint from before the record was kept (the table's row has its runs)
         row["earlier_runs"] = earlier
     if stage_runs is not None:
         row.update(chain=_chain(name), stage_runs=stage_runs)
