@@ -12,6 +12,8 @@ and the diversity of sampled-c(s) + beam decoding against plain sampling.
     python bench/dae.py --rows word-semhash-30ep --threads 1
     python bench/dae.py --rows char-baseline-24ep-fixedpos --threads 1 &   # ~2.5 hours each: 3, 6, 12, then 24
     python bench/dae.py --rows char-semhash-24ep-fixedpos-balance --threads 1
+    python bench/dae.py --rows gcide-word-baseline-8ep --threads 1 &   # ~2 hours each, side by side: 4, then 8
+    python bench/dae.py --rows gcide-word-semhash-8ep --threads 1
 
 Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
 trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
@@ -93,6 +95,11 @@ ROWS = {
 WORD_10EP = ["--max-epochs", "10", "--max-minutes", "40"]
 ROWS |= {"word-baseline-10ep": ["--peek", "false", *WORD_10EP], "word-semhash-10ep": WORD_10EP,
          "word-semhash-10ep-balance": ["--balance-bits", "true", *WORD_10EP]}
+# GCIDE at word level (issue 44 item 1: "on PTB and on GCIDE"): the same network and recipe on 3.8 times PTB's
+# training text. The vocabulary is cut to PTB's size (the 10,000 most frequent training words, the rest <unk>):
+# min-count 2 keeps 61k words, whose full softmax trained 3.7x slower here (1,851 against 6,791 tokens/s)
+GCIDE_WORD = ["--max-vocab", "10000", "--max-epochs", "4", "--max-minutes", "55"]
+ROWS |= {"gcide-word-baseline-4ep": ["--peek", "false", *GCIDE_WORD], "gcide-word-semhash-4ep": GCIDE_WORD}
 # the noise ablation again where the code no longer collapses: char-semhash-3ep-fixedpos-balance (std 1.0) at
 # std 0 / 0.5 / 1.5, each against char-baseline-3ep-fixedpos
 for _std in ("0", "0.5", "1.5"):
@@ -113,7 +120,9 @@ CONTINUED = {"char-baseline-6ep-fixedpos": ("char-baseline-3ep-fixedpos", 6, 25)
              "word-semhash-30ep": ("word-semhash-20ep", 30, 60),
              # char level at 43.8% after 12 epochs (+7 to +10 points a doubling), the goal 50%: on to 24
              "char-baseline-24ep-fixedpos": ("char-baseline-12ep-fixedpos", 24, 90),
-             "char-semhash-24ep-fixedpos-balance": ("char-semhash-12ep-fixedpos-balance", 24, 90)}
+             "char-semhash-24ep-fixedpos-balance": ("char-semhash-12ep-fixedpos-balance", 24, 90),
+             "gcide-word-baseline-8ep": ("gcide-word-baseline-4ep", 8, 55),
+             "gcide-word-semhash-8ep": ("gcide-word-semhash-4ep", 8, 55)}
 for _name, (_src, _epochs, _minutes) in CONTINUED.items():
     ROWS[_name] = [*ROWS[_src], "--max-epochs", str(_epochs), "--max-minutes", str(_minutes)]
 
@@ -132,15 +141,28 @@ ROWS["synthetic-baseline-big"] = ["--peek", "false", *BIG]
 ROWS["synthetic-semhash-big"] = BIG
 
 
+def _family(name: str) -> str:
+    """A row's corpus and unit, the prefix of its baseline's name."""
+    return next((p for p in ("gcide-word", "word", "synthetic") if name.startswith(p)), "char")
+
+
 def _baseline(name: str) -> str:
     # a variant's baseline ran the same recipe
     for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-24ep-fixedpos", "-15m",
-                "-10ep", "-20ep", "-30ep"):
+                "-10ep", "-20ep", "-30ep", "-4ep", "-8ep"):
         if tag in name:
-            return ("word" if name.startswith("word") else "char") + "-baseline" + tag
+            return _family(name) + "-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
         return "synthetic-baseline-big"
     return name.split("-")[0] + "-baseline" if name.startswith(("word", "synthetic")) else "char-baseline"
+
+
+def corpus(name: str) -> Path:
+    """The corpus directory a row trains and tests on."""
+    family = _family(name)
+    if family == "synthetic":
+        return synthetic_corpus()
+    return ptb_dir().parent / "gcide" if family == "gcide-word" else ptb_dir()
 
 
 def synthetic_corpus() -> Path:
@@ -207,7 +229,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
     if args.minutes and "--max-minutes" in recipe:
         recipe[recipe.index("--max-minutes") + 1] = str(args.minutes)
     flags = recipe + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
-    data = synthetic_corpus() if name.startswith("synthetic") else ptb_dir()
+    data = corpus(name)
     earlier = checkpoint_runs(out) if resumed else []  # this stage's invocations before (stopped ones too)
     record_runs(out, [*earlier, {**provenance(args.threads), "ended": None}])
     result = train_from_cli("dae", str(data), str(out), None, flags, resume=resumed)
@@ -247,10 +269,11 @@ def _code_usage(out: Path, data: Path) -> dict:
     """Distinct symbols, entropy and constant bits of a trained dae model's code on the test split."""
     import seqlm
     from seqlm.data.corpus import encode_file
+    from seqlm.data.datasets import split_path
     from seqlm.eval.dsae import code_usage
 
     model = seqlm.load(out)
-    return code_usage(model, encode_file(data / "test.txt", model.vocab, unit=model.data_config.unit))
+    return code_usage(model, encode_file(split_path(data, "test"), model.vocab, unit=model.data_config.unit))
 
 
 def run_code_usage(args: argparse.Namespace) -> dict:
@@ -260,8 +283,7 @@ def run_code_usage(args: argparse.Namespace) -> dict:
         out = CHECKPOINTS / "dae" / name
         if "baseline" in name.split("-") or not (out / "config.json").exists():
             continue
-        data = synthetic_corpus() if name.startswith("synthetic") else ptb_dir()
-        models[name] = _code_usage(out, data)
+        models[name] = _code_usage(out, corpus(name))
     return {"name": "code-usage", "split": "test", "models": models, "threads": args.threads}
 
 
@@ -332,6 +354,7 @@ def run_diversity(args: argparse.Namespace, name: str = "diversity", n: int = 12
 
 EPOCH_CURVES = {  # DSAE against epochs: rows of one recipe trained longer (CONTINUED chains), per unit
     "word": ["word-semhash-10ep", "word-semhash-20ep", "word-semhash-30ep"],
+    "GCIDE word": ["gcide-word-semhash-4ep", "gcide-word-semhash-8ep"],
     "char": ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance",
              "char-semhash-12ep-fixedpos-balance", "char-semhash-24ep-fixedpos-balance"],
 }

@@ -116,6 +116,31 @@ def test_a_chained_row_runs_its_stages_from_nothing_and_records_every_stage(tmp_
     assert calls == [(name, 12, 12)] and [x["stage"] for x in rows[name]["runs"]] == [*stages, name]
 
 
+def test_a_gcide_word_row_trains_on_gcide_and_is_measured_against_its_own_baseline(tmp_path, monkeypatch):
+    """The GCIDE chain reads the gcide corpus beside PTB, with PTB's vocabulary size, and takes p from the
+    GCIDE baseline of the same epochs, not from a PTB row."""
+    calls, corpora = [], []
+    dae, common, args = _fake_dae(tmp_path, monkeypatch, calls)
+    monkeypatch.setattr(dae, "ptb_dir", lambda: tmp_path / "ptb")
+    train = dae.train_from_cli
+
+    def train_noting_corpus(family, data, *rest, **kwargs):
+        corpora.append(data)
+        return train(family, data, *rest, **kwargs)
+
+    monkeypatch.setattr(dae, "train_from_cli", train_noting_corpus)
+    common.merge_rows("dae", [{"name": "word-baseline-8ep", "test_ppl": 50.0}])  # a PTB row that must not be used
+    for name in ("gcide-word-baseline-8ep", "gcide-word-semhash-8ep"):
+        dae.merge_rows("dae", [dae.run_row(name, args)])
+    assert [c[0] for c in calls] == ["gcide-word-baseline-4ep", "gcide-word-baseline-8ep", "gcide-word-semhash-4ep",
+                                     "gcide-word-semhash-8ep"]
+    assert set(corpora) == {str(tmp_path / "gcide")}
+    rows = {r["name"]: r for r in json.loads((tmp_path / "results" / "dae.json").read_text())["rows"]}
+    row = rows["gcide-word-semhash-8ep"]
+    assert row["baseline"] == "gcide-word-baseline-8ep" and row["p"] == rows["gcide-word-baseline-8ep"]["test_ppl"]
+    assert "--max-vocab 10000" in row["recipe"] and row["chain"] == ["gcide-word-semhash-4ep"]
+
+
 def test_a_resumed_row_lists_its_own_checkpoints_runs_not_an_older_rows_of_that_name(tmp_path, monkeypatch):
     """A stage stopped mid-way (no row written) and resumed later: its row lists the stopped invocation
     (ended None) and the one that finished it, never the runs of the table's older row of the same name,
