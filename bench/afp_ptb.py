@@ -45,7 +45,7 @@ from seqlm.nn.elman import Elman
 from seqlm.nn.fixed_point import fixed_point
 from seqlm.train.loop import run_status
 
-from common import CHECKPOINTS, RESULTS, merge_rows, ptb_dir, row_parser
+from common import CHECKPOINTS, RESULTS, merge_rows, ptb_dir, recorded_training, row_parser, with_earlier_runs
 
 EPOCHS = 30  # an upper bound: newbob ends the run when valid stops improving
 SHORT_EPOCHS = 3
@@ -101,16 +101,17 @@ def train_row(name: str, args) -> tuple[object, dict]:
     src = LONGER.get(name, (None,))[0]
     epochs, recipe = _epochs(name)
     if src and not out.exists():
-        shutil.copytree(_out(src), out)  # continue the 3-epoch row's run (its checkpoint) for more epochs
+        shutil.copytree(_out(src), out)  # continue the 3-epoch row's run (its checkpoint and record) for more epochs
     status = run_status(out)
-    resumed = status["epoch"] > 0
+    resumed, earlier = status["started"], []  # a run cut inside its first epoch is resumed too
     if not status["done"]:
         argv = ["train", "--model", fam, "--data", str(ptb_dir()), "--out", str(out), *MODEL, *opts,
                 "--max-epochs", str(epochs), "--threads", str(args.threads), "--device", args.device,
                 *(["--resume"] if resumed else []),
                 *(["--init-from", str(_out(FROM[name][0]))] if name in FROM and not resumed else [])]
-        if seqlm_main(argv) != 0:
-            sys.exit(f"training {name} failed")
+        with recorded_training(out, resumed, args.threads) as earlier:
+            if seqlm_main(argv) != 0:
+                sys.exit(f"training {name} failed")
     status = run_status(out)
     hist = status["history"]
     secs = sum(h["epoch_seconds"] for h in hist)
@@ -119,7 +120,7 @@ def train_row(name: str, args) -> tuple[object, dict]:
             "valid_curve": [h["valid_ppl"] for h in hist], "resumed": resumed,
             "recipe": recipe,
             "config": json.loads((out / "config.json").read_text())["model"]}
-    return seqlm.load(out), info
+    return seqlm.load(out), with_earlier_runs(info, earlier)
 
 
 def ppl(model, stream, stream_mode=False) -> float:

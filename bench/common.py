@@ -9,6 +9,7 @@ Rows are merged by name, so a row can be run (and re-run) alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import fcntl
 import json
@@ -197,6 +198,23 @@ def checkpoint_runs(out: Path) -> list[dict]:
 def record_runs(out: Path, runs: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / RUNS_FILE).write_text(json.dumps(runs, indent=1))
+
+
+@contextlib.contextmanager
+def recorded_training(out: Path, resumed: bool, threads: int | None = None):
+    """Lists this invocation beside the checkpoint in `out` while it trains it (`"ended": None` until the block
+    returns, so a stopped one stays listed) and yields the invocations before it (none for a fresh run). A
+    resumed row passes them to merge_rows as `earlier_runs`: the table's row of its name may be another run's."""
+    earlier = checkpoint_runs(out) if resumed else []
+    record_runs(out, [*earlier, {**provenance(threads), "ended": None}])
+    yield earlier
+    record_runs(out, [*earlier, provenance(threads)])
+
+
+def with_earlier_runs(row: dict, earlier: list[dict]) -> dict:
+    """`row` with the checkpoint's earlier invocations, where it has a record (an older checkpoint has none, and
+    merge_rows then keeps the table's runs of a resumed row)."""
+    return {**row, "earlier_runs": earlier} if earlier else row
 
 
 def _chain(stage_runs: list[dict], earlier: list[dict], name: str) -> list[dict]:

@@ -42,12 +42,11 @@ from common import (
     CHECKPOINTS,
     RESULTS,
     RUNS_FILE,
-    checkpoint_runs,
     merge_rows,
-    provenance,
     ptb_dir,
-    record_runs,
+    recorded_training,
     row_parser,
+    with_earlier_runs,
 )
 
 COMMON = ["--layers", "2", "--d-model", "128", "--heads", "4", "--d-ff", "512", "--filter-size", "512",
@@ -224,16 +223,14 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
         copied = True
     elif name in CONTINUED and (out / STAGE_RUNS).exists():
         stage_runs = json.loads((out / STAGE_RUNS).read_text())
-    resumed = run_status(out)["epoch"] > 0
+    resumed = run_status(out)["started"]  # a stage cut inside its first epoch is resumed too
     recipe = _last_wins((SYNTHETIC if name.startswith("synthetic") else COMMON) + ROWS[name])
     if args.minutes and "--max-minutes" in recipe:
         recipe[recipe.index("--max-minutes") + 1] = str(args.minutes)
     flags = recipe + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
     data = corpus(name)
-    earlier = checkpoint_runs(out) if resumed else []  # this stage's invocations before (stopped ones too)
-    record_runs(out, [*earlier, {**provenance(args.threads), "ended": None}])
-    result = train_from_cli("dae", str(data), str(out), None, flags, resume=resumed)
-    record_runs(out, [*earlier, provenance(args.threads)])
+    with recorded_training(out, resumed, args.threads) as earlier:  # this stage's invocations before (stopped too)
+        result = train_from_cli("dae", str(data), str(out), None, flags, resume=resumed)
     hist = run_status(out)["history"]
     cfg = json.loads((out / "config.json").read_text())
     unit = cfg["data"]["unit"]
@@ -242,8 +239,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
            "train_minutes": sum(h["epoch_seconds"] for h in hist) / 60,
            "train_tokens": sum(h["train_tokens"] for h in hist), "threads": args.threads,
            "resumed": resumed and not copied, "config": cfg["model"]}  # copied: a new run of this stage
-    if earlier:  # else a fresh run, or a checkpoint from before the record was kept (the table's row has its runs)
-        row["earlier_runs"] = earlier
+    row = with_earlier_runs(row, earlier)
     if stage_runs is not None:
         row.update(chain=_chain(name), stage_runs=stage_runs)
     row["train_tokens_per_s"] = row["train_tokens"] / max(row["train_minutes"] * 60, 1e-9)

@@ -25,7 +25,7 @@ import torch
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
-from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir, row_parser
+from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir, recorded_training, row_parser, with_earlier_runs
 
 PAPER_TEST_PPL = {"fnn-2": 176, "fnn-3": 131, "fnn-4": 118, "fnn-5": 114, "fnn-6": 113, "fofe-1": 116, "fofe-2": 108}
 ROWS = {name: (["--model", "fnn", "--order", name[4:]] if name.startswith("fnn") else
@@ -71,7 +71,7 @@ def checkpoint_dir(name: str) -> Path:
 def run_row(name: str, args: argparse.Namespace) -> dict:
     out = checkpoint_dir(name)
     status = run_status(out)
-    resumed = status["epoch"] > 0
+    resumed = status["started"]  # a run cut inside its first epoch is resumed too
     overrides = ROWS[name] + ["--precision", args.precision, "--threads", str(args.threads),
                               "--device", args.device]
     if args.max_epochs:
@@ -79,8 +79,9 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
     if args.max_minutes:
         overrides += ["--max-minutes", str(args.max_minutes)]
     model = overrides[1]
-    result = train_from_cli(model, str(ptb_dir()), str(out), None, overrides[2:], resume=status["epoch"] > 0,
-                            session_minutes=args.session_minutes)
+    with recorded_training(out, resumed, args.threads) as earlier:
+        result = train_from_cli(model, str(ptb_dir()), str(out), None, overrides[2:], resume=resumed,
+                                session_minutes=args.session_minutes)
     status = run_status(out)
     hist = status["history"]
     extra = {"checkpoints": str(out), "rolled_back_epochs": [h["epoch"] for h in hist if h.get("rolled_back")],
@@ -95,7 +96,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
     from seqlm import load
 
     params = sum(p.numel() for p in load(out).parameters())
-    return {
+    return with_earlier_runs({
         "name": name, "valid_ppl": result["valid_ppl"], "test_ppl": result["test_ppl"],
         "paper_test_ppl": PAPER_TEST_PPL[name], "rel_to_paper": result["test_ppl"] / PAPER_TEST_PPL[name] - 1,
         "params": params, "epochs": status["epoch"], "finished": status["done"], "precision": args.precision,
@@ -104,7 +105,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
         "matmul_ceiling_gflops": ceiling, "fraction_of_ceiling": fpt * tok_s / 1e9 / ceiling,
         "config": info["model"], "valid_curve": [h["valid_ppl"] for h in hist],
         "threads": args.threads, "resumed": resumed, **extra,
-    }
+    }, earlier)
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from seqlm.eval.perplexity import evaluate
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
-from common import CHECKPOINTS, merge_rows, ptb_dir, row_parser
+from common import CHECKPOINTS, merge_rows, ptb_dir, recorded_training, row_parser, with_earlier_runs
 
 BPTT_METHOD = "per-position"  # see the module docstring
 PAPER_TEST_PPL = {"kn5": 141.2, "rnn-bptt": 124.7, "rnn+kn5": 105.7, "rnn-x4": 102.0}
@@ -133,8 +133,9 @@ def run_rnn(name: str, args: argparse.Namespace) -> dict:
     out = checkpoint_dir(name)
     resumed = run_status(out)["started"]
     opts = RNN_ROWS[name] + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
-    result = train_from_cli("rnn", str(ptb_dir()), str(out), None, opts, resume=resumed,
-                            session_minutes=args.session_minutes)
+    with recorded_training(out, resumed, args.threads) as earlier:
+        result = train_from_cli("rnn", str(ptb_dir()), str(out), None, opts, resume=resumed,
+                                session_minutes=args.session_minutes)
     status = run_status(out)
     hist = [h for h in status["history"] if not h.get("partial")]  # complete epochs (a cut one is redone)
     model = seqlm.load(out)
@@ -143,7 +144,7 @@ def run_rnn(name: str, args: argparse.Namespace) -> dict:
     train_seconds = sum(h["epoch_seconds"] for h in hist)
     words_s = sum(h["train_tokens"] for h in hist) / max(train_seconds, 1e-9)
     stream_test = evaluate(model, test, stream_mode=True)["ppl"]
-    return {
+    return with_earlier_runs({
         "name": name, "valid_ppl": result["valid_ppl"], "test_ppl": result["test_ppl"],
         "valid_ppl_stream": evaluate(model, valid, stream_mode=True)["ppl"], "test_ppl_stream": stream_test,
         "params": sum(p.numel() for p in model.parameters()), "epochs": status["epoch"],
@@ -155,7 +156,7 @@ def run_rnn(name: str, args: argparse.Namespace) -> dict:
         "threads": args.threads, "resumed": resumed, "bptt_method": bptt_method(name),
         **({"checkpoints": str(out), "rolled_back_epochs": [h["epoch"] for h in status["history"]
                                                             if h.get("rolled_back")]} if "-ref" in name else {}),
-    }
+    }, earlier)
 
 
 def run_kn5() -> str:

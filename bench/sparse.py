@@ -50,7 +50,7 @@ from seqlm.registry import Splits, family, new_model
 from seqlm.train.resume import run_status
 from seqlm.train.run import fit_family
 
-from common import CHECKPOINTS, RESULTS, merge_rows, row_parser
+from common import CHECKPOINTS, RESULTS, merge_rows, recorded_training, row_parser, with_earlier_runs
 
 WORK = CHECKPOINTS / "sparse"
 ALL_WORK = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS", Path.home() / ".cache" / "seqlm" / "bench-checkpoints")) \
@@ -266,10 +266,11 @@ def run_lstm(name: str, corpus: str, flags: list[str], args, extra: dict, full_d
     cfg = _lstm_setup(corpus, flags, data_cfg, vocab, args)
     model = new_model("lstm", cfg, vocab)
     model.data_config = data_cfg
-    out.mkdir(parents=True, exist_ok=True)
-    fit_family(family("lstm"), model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg), resumed,
-               args.session_minutes)
-    return _lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra, resumed)
+    with recorded_training(out, resumed, args.threads) as earlier:
+        fit_family(family("lstm"), model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg),
+                   resumed, args.session_minutes)
+    return with_earlier_runs(_lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra,
+                                       resumed), earlier)
 
 
 def _lstm_row(name: str, corpus: str, out: Path, vocab, train, valid, test_file: Path, flags: list[str], args,
@@ -333,24 +334,26 @@ def run_all_lstm(name: str, corpus: str, flags: list[str], args, extra: dict) ->
     resumed = run_status(out)["started"]
     cfg = _lstm_setup(corpus, flags, data_cfg, vocab, args)
     cfg.train.max_minutes = SLICE_MINUTES
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    while True:
-        status = run_status(out)
-        if sum(1 for h in status["history"] if not h.get("partial")) >= ALL_EPOCHS:
-            break
-        if args.session_minutes and time.time() - t0 >= args.session_minutes * 60:
-            print(f"{name}: stopped after --session-minutes; run the same command again to continue", flush=True)
-            return _in_progress(name, corpus, out, resumed, flags, args, extra)
-        model = new_model("lstm", cfg, vocab)
-        model.data_config = data_cfg
-        try:
-            fit_family(family("lstm"), model, Splits(train, valid), out, lambda m: seqlm.save(m, out, data_cfg),
-                       status["started"], 0.0)
-        except SystemExit:  # SIGTERM/SIGINT: the state is saved; record this invocation before leaving
-            merge_rows("sparse", [_in_progress(name, corpus, out, resumed, flags, args, extra)])
-            raise
-    row = _lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra, resumed)
+    with recorded_training(out, resumed, args.threads) as earlier:
+        while True:
+            status = run_status(out)
+            if sum(1 for h in status["history"] if not h.get("partial")) >= ALL_EPOCHS:
+                break
+            if args.session_minutes and time.time() - t0 >= args.session_minutes * 60:
+                print(f"{name}: stopped after --session-minutes; run the same command again to continue", flush=True)
+                return with_earlier_runs(_in_progress(name, corpus, out, resumed, flags, args, extra), earlier)
+            model = new_model("lstm", cfg, vocab)
+            model.data_config = data_cfg
+            try:
+                fit_family(family("lstm"), model, Splits(train, valid), out,
+                           lambda m: seqlm.save(m, out, data_cfg), status["started"], 0.0)
+            except SystemExit:  # SIGTERM/SIGINT: the state is saved; record this invocation before leaving
+                merge_rows("sparse", [with_earlier_runs(_in_progress(name, corpus, out, resumed, flags, args, extra),
+                                                        earlier)])
+                raise
+    row = with_earlier_runs(_lstm_row(name, corpus, out, vocab, train, valid, test_file, flags, args, extra,
+                                      resumed), earlier)
     history = run_status(out)["history"]
     row["time_curve"] = _time_curve(history)
     row["finished"] = True  # every recipe epoch ran (the schedule's own flag stays open at --max-epochs)

@@ -27,7 +27,7 @@ from seqlm.eval.perplexity import char_rates, evaluate
 from seqlm.train.loop import run_status
 from seqlm.train.run import train_from_cli
 
-from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir, row_parser
+from common import CHECKPOINTS, matmul_gflops, merge_rows, ptb_dir, recorded_training, row_parser, with_earlier_runs
 
 # Model flags after the family defaults (4 x 256, filter 1024, 4 heads, dropout 0.1, tied embeddings).
 RECIPES = {
@@ -128,13 +128,14 @@ def run_speed(name: str, args: argparse.Namespace, rounds: int = 3, seconds: flo
 def run_row(name: str, args: argparse.Namespace) -> dict:
     out = CHECKPOINTS / "transformer_ptb" / name
     status = run_status(out)
-    resumed = status["epoch"] > 0
+    resumed = status["started"]  # a run cut inside its first epoch is resumed too
     recipe = list(RECIPES[name])
     if args.minutes:
         recipe[recipe.index("--max-minutes") + 1] = str(args.minutes)
     flags = recipe + ["--precision", args.precision, "--threads", str(args.threads), "--device", args.device]
     t0 = time.time()
-    result = train_from_cli("transformer", str(ptb_dir()), str(out), None, flags, resume=resumed)
+    with recorded_training(out, resumed, args.threads) as earlier:
+        result = train_from_cli("transformer", str(ptb_dir()), str(out), None, flags, resume=resumed)
     wall = time.time() - t0
     import seqlm
 
@@ -160,6 +161,7 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
         "fraction_of_ceiling": fpt * tok_s / 1e9 / ceiling, "config": info, "threads": args.threads,
         "resumed": resumed,
     }
+    row = with_earlier_runs(row, earlier)
     if unit == "char":
         rates = char_rates(test, model.vocab, total)
         row.update({"test_bpc": rates["bpc"], "test_word_ppl": rates["word_ppl"],

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -17,6 +19,8 @@ from fofe_ptb import ROWS, flops_per_token  # noqa: E402
 WRITER = """
 import sys
 from pathlib import Path
+
+import pytest
 sys.path.insert(0, {bench!r})
 from common import merge_rows
 for i in range(15):
@@ -82,7 +86,7 @@ def _fake_dae(tmp_path, monkeypatch, calls: list):
     def fake_status(out):
         path = Path(out) / "status.json"
         s = json.loads(path.read_text()) if path.exists() else {"epoch": 0, "history": []}
-        return {**s, "done": False}
+        return {**s, "done": False, "started": path.exists()}
 
     for module in (common, dae):
         monkeypatch.setattr(module, "RESULTS", tmp_path / "results")
@@ -161,6 +165,28 @@ def test_a_resumed_row_lists_its_own_checkpoints_runs_not_an_older_rows_of_that_
     assert [(x["started"], x["ended"] is None) for x in row["runs"]] == [("stopped", True), ("resumed", False)]
     assert row["started"] == "stopped" and "earlier_runs" not in row
     assert [x["started"] for x in common.checkpoint_runs(out)] == ["stopped", "resumed"]
+
+
+def test_recorded_training_lists_a_stopped_invocation_and_yields_the_earlier_ones(tmp_path, monkeypatch):
+    """The helper every training bench wraps its training in: a killed block leaves its invocation listed
+    with ended None; the next (resumed) one is given it; a fresh run starts the record again."""
+    import common
+
+    out = tmp_path / "ckpt"
+    monkeypatch.setitem(common.RUN, "started", "first")
+    with pytest.raises(KeyboardInterrupt), common.recorded_training(out, resumed=False) as earlier:
+        assert earlier == [] and common.checkpoint_runs(out)[0]["ended"] is None
+        raise KeyboardInterrupt
+    monkeypatch.setitem(common.RUN, "started", "second")
+    with common.recorded_training(out, resumed=True) as earlier:
+        assert [(x["started"], x["ended"]) for x in earlier] == [("first", None)]
+    assert [x["started"] for x in common.checkpoint_runs(out)] == ["first", "second"]
+    assert common.checkpoint_runs(out)[1]["ended"] is not None
+    assert common.with_earlier_runs({"name": "r"}, earlier)["earlier_runs"] == earlier
+    assert common.with_earlier_runs({"name": "r"}, []) == {"name": "r"}
+    with common.recorded_training(out, resumed=False) as earlier:  # a new run in the same folder: its own record
+        assert earlier == []
+    assert [x["started"] for x in common.checkpoint_runs(out)] == ["second"]
 
 
 def test_a_rows_command_names_the_script_from_the_repository_root(tmp_path):
