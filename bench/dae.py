@@ -1,6 +1,6 @@
-"""Discrete autoencoders on PTB (discrete-autoencoders.txt, Tables 1-2; issue 12): DSAE of improved semantic
-hashing (global and local c(s)) and Gumbel-softmax against an equal-capacity baseline, the noise ablation,
-and the diversity of sampled-c(s) + beam decoding against plain sampling.
+"""Discrete autoencoders on PTB and GCIDE (discrete-autoencoders.txt, Tables 1-2; issues 12, 44): DSAE of
+improved semantic hashing (global and local c(s)) and Gumbel-softmax against an equal-capacity baseline, the
+noise ablation, and the diversity of sampled-c(s) + beam decoding against plain sampling.
 
     python bench/dae.py --rows char-baseline,char-semhash,char-gumbel --threads 1
     python bench/dae.py --rows diversity --threads 1        # after char-baseline and char-semhash
@@ -371,7 +371,8 @@ def plot(path: Path) -> None:
     ax.axhline(40, color="gray", ls="--", lw=1, label="issue 44's goals: word level 40%")
     ax.axhline(50, color="gray", ls=":", lw=1, label="character level 50%")
     ax.set_ylabel("DSAE (%)")
-    ax.set_title("DSAE on the test sets (PTB; synthetic: random letters), shortened CPU recipes", fontsize=10)
+    ax.set_title("DSAE on the test sets (PTB; gcide-*: GCIDE; synthetic: random letters), shortened CPU recipes",
+                 fontsize=10)
     ax.legend(fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=7)
     for unit, names in EPOCH_CURVES.items():
