@@ -12,8 +12,8 @@ noise ablation, and the diversity of sampled-c(s) + beam decoding against plain 
     python bench/dae.py --rows word-semhash-30ep --threads 1
     python bench/dae.py --rows char-baseline-24ep-fixedpos --threads 1 &   # ~2.5 hours each: 3, 6, 12, then 24
     python bench/dae.py --rows char-semhash-24ep-fixedpos-balance --threads 1
-    python bench/dae.py --rows gcide-word-baseline-8ep --threads 1 &   # ~2 hours each, side by side: 4, then 8
-    python bench/dae.py --rows gcide-word-semhash-8ep --threads 1
+    python bench/dae.py --rows gcide-word-baseline-6ep --threads 1 &   # ~1 hour each, side by side: 3, then 6
+    python bench/dae.py --rows gcide-word-semhash-6ep --threads 1
 
 Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
 trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
@@ -97,8 +97,8 @@ ROWS |= {"word-baseline-10ep": ["--peek", "false", *WORD_10EP], "word-semhash-10
 # GCIDE at word level (issue 44 item 1: "on PTB and on GCIDE"): the same network and recipe on 3.8 times PTB's
 # training text. The vocabulary is cut to PTB's size (the 10,000 most frequent training words, the rest <unk>):
 # min-count 2 keeps 61k words, whose full softmax trained 3.7x slower here (1,851 against 6,791 tokens/s)
-GCIDE_WORD = ["--max-vocab", "10000", "--max-epochs", "4", "--max-minutes", "55"]
-ROWS |= {"gcide-word-baseline-4ep": ["--peek", "false", *GCIDE_WORD], "gcide-word-semhash-4ep": GCIDE_WORD}
+GCIDE_WORD = ["--max-vocab", "10000", "--max-epochs", "3", "--max-minutes", "40"]
+ROWS |= {"gcide-word-baseline-3ep": ["--peek", "false", *GCIDE_WORD], "gcide-word-semhash-3ep": GCIDE_WORD}
 # the noise ablation again where the code no longer collapses: char-semhash-3ep-fixedpos-balance (std 1.0) at
 # std 0 / 0.5 / 1.5, each against char-baseline-3ep-fixedpos
 for _std in ("0", "0.5", "1.5"):
@@ -120,8 +120,8 @@ CONTINUED = {"char-baseline-6ep-fixedpos": ("char-baseline-3ep-fixedpos", 6, 25)
              # char level at 43.8% after 12 epochs (+7 to +10 points a doubling), the goal 50%: on to 24
              "char-baseline-24ep-fixedpos": ("char-baseline-12ep-fixedpos", 24, 90),
              "char-semhash-24ep-fixedpos-balance": ("char-semhash-12ep-fixedpos-balance", 24, 90),
-             "gcide-word-baseline-8ep": ("gcide-word-baseline-4ep", 8, 55),
-             "gcide-word-semhash-8ep": ("gcide-word-semhash-4ep", 8, 55)}
+             "gcide-word-baseline-6ep": ("gcide-word-baseline-3ep", 6, 40),
+             "gcide-word-semhash-6ep": ("gcide-word-semhash-3ep", 6, 40)}
 for _name, (_src, _epochs, _minutes) in CONTINUED.items():
     ROWS[_name] = [*ROWS[_src], "--max-epochs", str(_epochs), "--max-minutes", str(_minutes)]
 
@@ -148,7 +148,7 @@ def _family(name: str) -> str:
 def _baseline(name: str) -> str:
     # a variant's baseline ran the same recipe
     for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-24ep-fixedpos", "-15m",
-                "-10ep", "-20ep", "-30ep", "-4ep", "-8ep"):
+                "-10ep", "-20ep", "-30ep", "-3ep", "-6ep"):
         if tag in name:
             return _family(name) + "-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
@@ -350,7 +350,7 @@ def run_diversity(args: argparse.Namespace, name: str = "diversity", n: int = 12
 
 EPOCH_CURVES = {  # DSAE against epochs: rows of one recipe trained longer (CONTINUED chains), per unit
     "word": ["word-semhash-10ep", "word-semhash-20ep", "word-semhash-30ep"],
-    "GCIDE word": ["gcide-word-semhash-4ep", "gcide-word-semhash-8ep"],
+    "GCIDE word": ["gcide-word-semhash-3ep", "gcide-word-semhash-6ep"],
     "char": ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance",
              "char-semhash-12ep-fixedpos-balance", "char-semhash-24ep-fixedpos-balance"],
 }

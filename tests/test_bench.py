@@ -133,16 +133,16 @@ def test_a_gcide_word_row_trains_on_gcide_and_is_measured_against_its_own_baseli
         return train(family, data, *rest, **kwargs)
 
     monkeypatch.setattr(dae, "train_from_cli", train_noting_corpus)
-    common.merge_rows("dae", [{"name": "word-baseline-8ep", "test_ppl": 50.0}])  # a PTB row that must not be used
-    for name in ("gcide-word-baseline-8ep", "gcide-word-semhash-8ep"):
+    common.merge_rows("dae", [{"name": "word-baseline-6ep", "test_ppl": 50.0}])  # a PTB row that must not be used
+    for name in ("gcide-word-baseline-6ep", "gcide-word-semhash-6ep"):
         dae.merge_rows("dae", [dae.run_row(name, args)])
-    assert [c[0] for c in calls] == ["gcide-word-baseline-4ep", "gcide-word-baseline-8ep", "gcide-word-semhash-4ep",
-                                     "gcide-word-semhash-8ep"]
+    assert [c[0] for c in calls] == ["gcide-word-baseline-3ep", "gcide-word-baseline-6ep", "gcide-word-semhash-3ep",
+                                     "gcide-word-semhash-6ep"]
     assert set(corpora) == {str(tmp_path / "gcide")}
     rows = {r["name"]: r for r in json.loads((tmp_path / "results" / "dae.json").read_text())["rows"]}
-    row = rows["gcide-word-semhash-8ep"]
-    assert row["baseline"] == "gcide-word-baseline-8ep" and row["p"] == rows["gcide-word-baseline-8ep"]["test_ppl"]
-    assert "--max-vocab 10000" in row["recipe"] and row["chain"] == ["gcide-word-semhash-4ep"]
+    row = rows["gcide-word-semhash-6ep"]
+    assert row["baseline"] == "gcide-word-baseline-6ep" and row["p"] == rows["gcide-word-baseline-6ep"]["test_ppl"]
+    assert "--max-vocab 10000" in row["recipe"] and row["chain"] == ["gcide-word-semhash-3ep"]
 
 
 def test_a_resumed_row_lists_its_own_checkpoints_runs_not_an_older_rows_of_that_name(tmp_path, monkeypatch):

@@ -111,6 +111,20 @@ def test_training_adds_the_latent_models_loss_on_detached_symbols():
     assert model.latent.embed.weight.grad is not None
 
 
+def test_a_sentence_longer_than_the_context_trains_and_scores():
+    """GCIDE holds a 1,204-word sentence: its code outgrows the latent model's context (context / K + 2
+    symbols), whose windows must slide as the sequence model's do, in training and in scoring."""
+    model = _dae().train()  # context 64, K = 4: the latent model reads 18 positions at a time
+    long = [3 + i % 9 for i in range(99)] + [0]  # 25 symbols, 126 positions with the separator
+    logp, _, loss = model(_rows([long, SENTS[0]]))  # the latent model learns from the first row only
+    assert bool(torch.isfinite(loss).all()) and loss[0, 0] > -logp[0, 0] and loss[1, 0] == -logp[1, 0]
+    loss.sum().backward()
+    assert model.latent.embed.weight.grad is not None
+    with torch.no_grad():
+        alone, together = model.eval().score(_rows([long])), model.score(_rows([long, SENTS[0]]))
+    assert bool(torch.isfinite(alone).all()) and torch.allclose(together[0], alone[0], atol=1e-5)
+
+
 def test_dsae_formula_and_caveat():
     assert dsae_value(32.0, 8.0, 16, 8) == pytest.approx(1.0)  # the paper's example: 5 bits -> 3 bits with 2 bits
     r = dsae_report(100.0, 60.0, 16, 8)

@@ -251,10 +251,12 @@ def build_dae(cfg: DAEConfig, vocab: Vocab) -> DAELM:
     else:
         neck = GumbelBottleneck(cfg.d_model, cfg.bits, cfg.tau_start, cfg.tau_min, cfg.anneal_rate)
     code = Compress(cfg.d_model, cfg.k, neck, local=cfg.local, pretrain_steps=cfg.pretrain_steps)
+    # the code of a sentence longer than the context is longer than the latent model's: it slides windows too
+    latent_context = cfg.context // cfg.K + 2
     latent = TransformerLM(latent_vocab(cfg.bits), layers=cfg.latent_layers, d_model=cfg.latent_d_model,
                            heads=max(1, cfg.latent_d_model // 32), d_ff=4 * cfg.latent_d_model,
-                           context=cfg.context // cfg.K + 2, stride=0, positions="learned", tie_embeddings=True,
-                           dropout=0.0)
+                           context=latent_context, stride=latent_context // 2, positions="learned",
+                           tie_embeddings=True, dropout=0.0)
     # fixed positions: the separator after the most symbols a sentence that fits the context can have
     fixed_start = cfg.context // cfg.K + 1 if cfg.code_positions == "fixed" else 0
     return DAELM(vocab, lm, code, latent, bits=cfg.bits, peek=cfg.peek, latent_share=cfg.latent_share,
