@@ -12,8 +12,8 @@ noise ablation, and the diversity of sampled-c(s) + beam decoding against plain 
     python bench/dae.py --rows word-semhash-30ep --threads 1
     python bench/dae.py --rows char-baseline-24ep-fixedpos --threads 1 &   # ~2.5 hours each: 3, 6, 12, then 24
     python bench/dae.py --rows char-semhash-24ep-fixedpos-balance --threads 1
-    python bench/dae.py --rows gcide-word-baseline-6ep --threads 1 &   # ~1 hour each, side by side: 3, then 6
-    python bench/dae.py --rows gcide-word-semhash-6ep --threads 1
+    python bench/dae.py --rows gcide-word-baseline-9ep --threads 1 &   # ~1.5 hours each, side by side: 3, 6, 9
+    python bench/dae.py --rows gcide-word-semhash-9ep --threads 1
 
 Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
 trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
@@ -121,7 +121,9 @@ CONTINUED = {"char-baseline-6ep-fixedpos": ("char-baseline-3ep-fixedpos", 6, 25)
              "char-baseline-24ep-fixedpos": ("char-baseline-12ep-fixedpos", 24, 90),
              "char-semhash-24ep-fixedpos-balance": ("char-semhash-12ep-fixedpos-balance", 24, 90),
              "gcide-word-baseline-6ep": ("gcide-word-baseline-3ep", 6, 40),
-             "gcide-word-semhash-6ep": ("gcide-word-semhash-3ep", 6, 40)}
+             "gcide-word-semhash-6ep": ("gcide-word-semhash-3ep", 6, 40),
+             "gcide-word-baseline-9ep": ("gcide-word-baseline-6ep", 9, 40),
+             "gcide-word-semhash-9ep": ("gcide-word-semhash-6ep", 9, 40)}
 for _name, (_src, _epochs, _minutes) in CONTINUED.items():
     ROWS[_name] = [*ROWS[_src], "--max-epochs", str(_epochs), "--max-minutes", str(_minutes)]
 
@@ -148,7 +150,7 @@ def _family(name: str) -> str:
 def _baseline(name: str) -> str:
     # a variant's baseline ran the same recipe
     for tag in ("-15m-fixedpos", "-3ep-fixedpos", "-6ep-fixedpos", "-12ep-fixedpos", "-24ep-fixedpos", "-15m",
-                "-10ep", "-20ep", "-30ep", "-3ep", "-6ep"):
+                "-10ep", "-20ep", "-30ep", "-3ep", "-6ep", "-9ep"):
         if tag in name:
             return _family(name) + "-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
@@ -350,7 +352,7 @@ def run_diversity(args: argparse.Namespace, name: str = "diversity", n: int = 12
 
 EPOCH_CURVES = {  # DSAE against epochs: rows of one recipe trained longer (CONTINUED chains), per unit
     "word": ["word-semhash-10ep", "word-semhash-20ep", "word-semhash-30ep"],
-    "GCIDE word": ["gcide-word-semhash-3ep", "gcide-word-semhash-6ep"],
+    "GCIDE word": ["gcide-word-semhash-3ep", "gcide-word-semhash-6ep", "gcide-word-semhash-9ep"],
     "char": ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance",
              "char-semhash-12ep-fixedpos-balance", "char-semhash-24ep-fixedpos-balance"],
 }
