@@ -184,6 +184,18 @@ def test_cli_dae_train_eval_dsae_generate(tmp_path, capsys):
     assert 1 <= code["distinct_symbols"] <= 16
     assert 0.0 <= code["entropy_bits"] <= math.log2(code["distinct_symbols"]) + 1e-9
     assert len(code["bit_on_rate"]) == 4 and 0 <= code["constant_bits"] <= 4
+    assert "dsae_excl_oov" not in r  # every test word is in the vocabulary
+    # words outside the vocabulary: DSAE again over the in-vocabulary tokens, from `seqlm eval`'s ppl_excl_oov
+    oov_text = tmp_path / "oov.txt"
+    oov_text.write_text("".join(f"{line.split()[0]} qqq {line}\n" for line in lines[:8]), encoding="utf-8")
+    excl = {}
+    for name in ("dae", "tf"):
+        assert main(["eval", str(tmp_path / name), "--text", str(oov_text), "--allow-peek"]) == 0
+        excl[name] = json.loads(capsys.readouterr().out)["ppl_excl_oov"]
+    assert main(["dsae", str(tmp_path / "tf"), str(tmp_path / "dae"), "--text", str(oov_text)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["oov"] == 8 and r["p_excl_oov"] == pytest.approx(excl["tf"])
+    assert r["dsae_excl_oov"] == pytest.approx((math.log2(excl["tf"]) - math.log2(excl["dae"])) / 2)
     # the equal-capacity baseline is a dae model too; swapped, or a DAE that does not peek: refused, one line
     assert main(["dsae", str(tmp_path / "blind"), str(tmp_path / "dae"), "--data", str(corpus)]) == 0
     capsys.readouterr()

@@ -90,5 +90,10 @@ def dsae_from_dirs(baseline: str | Path, dae: str | Path, data: str | None, text
         raise SeqlmError("give the text: --data CORPUS (with --split) or --text FILE")
     path = Path(text) if text else split_path(resolve_corpus(data), split)
     stream = encode_text(model, path)
-    p, p_prime = evaluate(base, stream)["ppl"], evaluate(model, stream)["ppl"]
-    return dsae_report(p, p_prime, model.bits, model.code.K) | {"code": code_usage(model, stream)}
+    ev_base, ev_dae = evaluate(base, stream), evaluate(model, stream)
+    out = dsae_report(ev_base["ppl"], ev_dae["ppl"], model.bits, model.code.K)
+    if ev_base["oov"]:  # how much of the gain is on <unk>: the same formula over the in-vocabulary tokens alone
+        out |= {"oov": ev_base["oov"], "tokens": ev_base["tokens"], "p_excl_oov": ev_base["ppl_excl_oov"],
+                "p_prime_excl_oov": ev_dae["ppl_excl_oov"],
+                "dsae_excl_oov": dsae_value(ev_base["ppl_excl_oov"], ev_dae["ppl_excl_oov"], model.bits, model.code.K)}
+    return out | {"code": code_usage(model, stream)}
