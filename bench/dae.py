@@ -14,6 +14,7 @@ noise ablation, and the diversity of sampled-c(s) + beam decoding against plain 
     python bench/dae.py --rows char-semhash-24ep-fixedpos-balance --threads 1
     python bench/dae.py --rows gcide-word-baseline-9ep --threads 1 &   # ~1.5 hours each, side by side: 3, 6, 9
     python bench/dae.py --rows gcide-word-semhash-9ep --threads 1
+    python bench/dae.py --rows dsae-check-gcide-word-9ep --threads 1   # after both: `seqlm dsae`, <unk> left out
 
 Shortened recipe (this CPU, one thread): a small Transformer (2 x 128, filter 512), K = 8, b = 16, every row
 trained for the same number of minutes (COMMON's --max-minutes) at a constant rate after a short warm-up,
@@ -285,6 +286,19 @@ def run_code_usage(args: argparse.Namespace) -> dict:
     return {"name": "code-usage", "split": "test", "models": models, "threads": args.threads}
 
 
+# `seqlm dsae` on a pair's checkpoints: p and p' again through the user's command and, since GCIDE read with a
+# 10k vocabulary has many <unk> tokens, DSAE over the in-vocabulary tokens alone
+DSAE_CHECKS = {"dsae-check-gcide-word-9ep": ("gcide-word-baseline-9ep", "gcide-word-semhash-9ep")}
+
+
+def run_dsae_check(args: argparse.Namespace, name: str) -> dict:
+    from seqlm.eval.dsae import dsae_from_dirs
+
+    base, dae = DSAE_CHECKS[name]
+    rep = dsae_from_dirs(CHECKPOINTS / "dae" / base, CHECKPOINTS / "dae" / dae, str(corpus(dae)), None, "test")
+    return {"name": name, "baseline": base, "dae": dae, "split": "test", **rep, "threads": args.threads}
+
+
 # -- diversity ---------------------------------------------------------------------------------------------
 def distinct_2(sentences: list[list[str]]) -> float:
     """Distinct bigrams over all bigrams of a set of sentences (Li et al. 2016)."""
@@ -365,7 +379,7 @@ def plot(path: Path) -> None:
     import matplotlib.pyplot as plt
 
     saved = _saved_rows()
-    rows = [r for r in saved.values() if r.get("dsae") is not None]
+    rows = [r for r in saved.values() if r.get("dsae") is not None and r["name"] not in DSAE_CHECKS]
     if not rows:
         return
     fig, (ax, curve) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 1.3]})
@@ -398,7 +412,8 @@ def main() -> None:
         return plot(RESULTS / "dae.png")
     torch.set_num_threads(args.threads)
     for name in args.rows.split(","):
-        extra = {"code-usage": run_code_usage} | {d: functools.partial(run_diversity, name=d) for d in DIVERSITY}
+        extra = {"code-usage": run_code_usage} | {d: functools.partial(run_diversity, name=d) for d in DIVERSITY} \
+            | {c: functools.partial(run_dsae_check, name=c) for c in DSAE_CHECKS}
         if name not in ROWS and name not in extra:
             sys.exit(f"unknown row {name}; choose from {', '.join([*ROWS, *extra])}")
         row = extra[name](args) if name in extra else run_row(name, args)
