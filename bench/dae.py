@@ -97,7 +97,7 @@ ROWS |= {"word-baseline-10ep": ["--peek", "false", *WORD_10EP], "word-semhash-10
          "word-semhash-10ep-balance": ["--balance-bits", "true", *WORD_10EP]}
 # GCIDE at word level (issue 44 item 1: "on PTB and on GCIDE"): the same network and recipe on 3.8 times PTB's
 # training text. The vocabulary is cut to PTB's size (the 10,000 most frequent training words, the rest <unk>):
-# min-count 2 keeps 61k words, whose full softmax trained 3.7x slower here (1,851 against 6,791 tokens/s)
+# min-count 2 keeps 61k words, an output layer six times larger, and that layer is most of a step at this size
 GCIDE_WORD = ["--max-vocab", "10000", "--max-epochs", "3", "--max-minutes", "40"]
 ROWS |= {"gcide-word-baseline-3ep": ["--peek", "false", *GCIDE_WORD], "gcide-word-semhash-3ep": GCIDE_WORD}
 # the noise ablation again where the code no longer collapses: char-semhash-3ep-fixedpos-balance (std 1.0) at
@@ -365,9 +365,9 @@ def run_diversity(args: argparse.Namespace, name: str = "diversity", n: int = 12
 
 
 EPOCH_CURVES = {  # DSAE against epochs: rows of one recipe trained longer (CONTINUED chains), per unit
-    "word": ["word-semhash-10ep", "word-semhash-20ep", "word-semhash-30ep"],
+    "PTB word": ["word-semhash-10ep", "word-semhash-20ep", "word-semhash-30ep"],
     "GCIDE word": ["gcide-word-semhash-3ep", "gcide-word-semhash-6ep", "gcide-word-semhash-9ep"],
-    "char": ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance",
+    "PTB char": ["char-semhash-3ep-fixedpos-balance", "char-semhash-6ep-fixedpos-balance",
              "char-semhash-12ep-fixedpos-balance", "char-semhash-24ep-fixedpos-balance"],
 }
 
