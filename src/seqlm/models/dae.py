@@ -45,7 +45,7 @@ class DAEConfig:
     d_model: int = 256  # sequence model: hidden size (also c(s)'s)
     heads: int = 4  # sequence model: attention heads
     d_ff: int = 1024  # sequence model: feed-forward size
-    context: int = 640  # positions: c(s), the separator and the longest sentence must fit
+    context: int = 640  # positions a window reads: c(s), the separator, s (a longer s slides on, out of sight of c(s))
     dropout: float = 0.1  # sequence model dropout
     bottleneck: str = "semhash"  # semhash (improved semantic hashing) | gumbel (Gumbel-softmax)
     k: int = 3  # c(s) is K = 2^k times shorter than s
