@@ -52,7 +52,7 @@ from seqlm.train.loop import run_status
 from seqlm.train.precision import fast_precision
 from seqlm.train.run import train_from_cli
 
-from common import checkpoint_runs, merge_rows, provenance, ptb_dir, record_runs
+from common import checkpoint_runs, merge_rows, ptb_dir, recorded_training
 
 WORK = Path(os.environ.get("SEQLM_BENCH_CHECKPOINTS", Path.home() / ".cache" / "seqlm" / "bench-checkpoints"))
 BUDGET_MINUTES = 240.0  # issue 44's limit on the training of best-mix's components together
@@ -123,9 +123,9 @@ def train(c: Component, data: Path, out: Path, args: argparse.Namespace) -> dict
         flags = list(c.quick if args.quick else c.flags)
         if c.family not in COUNTED:
             flags += ["--precision", precision(c, args), "--threads", str(args.threads)]
-        train_from_cli(c.family, str(data), str(out), None, flags, resume=status["started"],
-                       session_minutes=args.session_minutes)
-        _record_run(out, c.name, args.threads)
+        with recorded_training(out, status["started"], args.threads, stage=f"component {c.name}"):
+            train_from_cli(c.family, str(data), str(out), None, flags, resume=status["started"],
+                           session_minutes=args.session_minutes)
     if c.family in COUNTED:
         seconds = json.loads((out / "results.json").read_text())["train_seconds"]
         return {"train_minutes": seconds / 60, "finished": True}
@@ -134,10 +134,6 @@ def train(c: Component, data: Path, out: Path, args: argparse.Namespace) -> dict
     return {"train_minutes": sum(h["epoch_seconds"] for h in history) / 60, "finished": _finished(out),
             "epochs": len(history), "precision": json.loads((out / "config.json").read_text())["model"]["train"]
             .get("precision", "fp32")}
-
-
-def _record_run(out: Path, name: str, threads: int) -> None:
-    record_runs(out, [*checkpoint_runs(out), {**provenance(threads), "stage": f"component {name}"}])
 
 
 def precision(c: Component, args: argparse.Namespace) -> str:

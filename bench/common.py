@@ -201,14 +201,15 @@ def record_runs(out: Path, runs: list[dict]) -> None:
 
 
 @contextlib.contextmanager
-def recorded_training(out: Path, resumed: bool, threads: int | None = None):
-    """Lists this invocation beside the checkpoint in `out` while it trains it (`"ended": None` until the block
-    returns, so a stopped one stays listed) and yields the invocations before it (none for a fresh run). A
-    resumed row passes them to merge_rows as `earlier_runs`: the table's row of its name may be another run's."""
+def recorded_training(out: Path, resumed: bool, threads: int | None = None, **fields):
+    """Lists this invocation (with `fields`, e.g. its stage) beside the checkpoint in `out` while it trains it
+    (`"ended": None` until the block returns, so a stopped one stays listed) and yields the invocations before it
+    (none for a fresh run). A resumed row passes them to merge_rows as `earlier_runs`: the table's row of its
+    name may be another run's."""
     earlier = checkpoint_runs(out) if resumed else []
-    record_runs(out, [*earlier, {**provenance(threads), "ended": None}])
+    record_runs(out, [*earlier, {**provenance(threads), **fields, "ended": None}])
     yield earlier
-    record_runs(out, [*earlier, provenance(threads)])
+    record_runs(out, [*earlier, {**provenance(threads), **fields}])
 
 
 def with_earlier_runs(row: dict, earlier: list[dict]) -> dict:

@@ -156,7 +156,7 @@ def _baseline(name: str) -> str:
             return _family(name) + "-baseline" + tag
     if name.startswith("synthetic") and name.endswith("-big"):
         return "synthetic-baseline-big"
-    return name.split("-")[0] + "-baseline" if name.startswith(("word", "synthetic")) else "char-baseline"
+    return _family(name) + "-baseline"
 
 
 def corpus(name: str) -> Path:
