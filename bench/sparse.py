@@ -134,7 +134,10 @@ ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias
 ALL_ROWS = ("gcide-all-full", "gcide-all-nce", "gcide-all-nce-zreg", "gcide-all-codes-ibias",
             "gcide-all-codes-cbias-prior", "gcide-all-adaptive", "gcide-all-adaptive-tuned", "gcide-all-full-lr0.006",
             "gcide-all-adaptive-tuned-lr0.003", "gcide-all-codes-ibias-b16k",
-            "gcide-all-class", "gcide-all-kn5", "gcide-all-kn5-allwords")
+            "gcide-all-class", "gcide-all-kn5", "gcide-all-kn5-allwords",
+            # (a) and (e) over LONG_EPOCHS epochs (#44 item 2): the same recipe otherwise, from scratch
+            "gcide-all-full-4ep", "gcide-all-codes-ibias-4ep")
+LONG_EPOCHS = 4
 LSTM_PTB = ["--hidden", "200", "--layers", "2", "--dropout", "0.3", "--max-epochs", "13"]
 
 
@@ -327,7 +330,7 @@ def _all_data(corpus: str, min_count: int | None = None):
     return root, data_cfg, vocab, train, valid, split_path(root, "test")
 
 
-def run_all_lstm(name: str, corpus: str, flags: list[str], args, extra: dict) -> dict:
+def run_all_lstm(name: str, corpus: str, flags: list[str], args, extra: dict, epochs: int = ALL_EPOCHS) -> dict:
     """A full-corpus row, trained in validated slices; an `in_progress` row until its epochs are all done."""
     out = ALL_WORK / name
     root, data_cfg, vocab, train, valid, test_file = _all_data(corpus)
@@ -338,7 +341,7 @@ def run_all_lstm(name: str, corpus: str, flags: list[str], args, extra: dict) ->
     with recorded_training(out, resumed, args.threads) as earlier:
         while True:
             status = run_status(out)
-            if sum(1 for h in status["history"] if not h.get("partial")) >= ALL_EPOCHS:
+            if sum(1 for h in status["history"] if not h.get("partial")) >= epochs:
                 break
             if args.session_minutes and time.time() - t0 >= args.session_minutes * 60:
                 print(f"{name}: stopped after --session-minutes; run the same command again to continue", flush=True)
@@ -400,13 +403,15 @@ def run_all_row(name: str, variant: str, args) -> dict:
                 "recipe": "whole training split, every word type in the vocabulary; whole test split"}
     if name not in ALL_ROWS:
         raise SystemExit(f"unknown row {name}; full-corpus variants: kn5, kn5-allwords, {', '.join(ALL_VARIANTS)}")
-    extra = {"recipe": f"{ALL_EPOCHS} epochs over the whole training split; valid/test: the whole splits",
+    epochs = LONG_EPOCHS if variant.endswith(f"-{LONG_EPOCHS}ep") else ALL_EPOCHS
+    extra = {"recipe": f"{epochs} epochs over the whole training split; valid/test: the whole splits",
              "objective_note": "train_ppl of NCE rows is exp(NCE loss)"}
-    flags = list(ALL_ENCODER) + list(ALL_VARIANTS[variant])
+    encoder = [*ENCODER[:-1], str(epochs), "--min-improvement", "0"]
+    flags = encoder + list(ALL_VARIANTS[variant.removesuffix(f"-{LONG_EPOCHS}ep")])
     flags, info = _with_codes(flags, "gcide", args.threads, ALL_WORK)
     if info:  # the vectors are trained on the training split alone: the same text the LSTM trains on
         extra.update(info, codes_train_tokens=int(len(_all_data("gcide")[3].ids)))
-    return run_all_lstm(name, "gcide", flags, args, extra)
+    return run_all_lstm(name, "gcide", flags, args, extra, epochs)
 
 
 def plot(path: Path) -> Path:
