@@ -230,3 +230,22 @@ def test_a_training_rows_ceiling_ratio_is_not_shown_as_a_fraction_of_the_ceiling
     assert cells["transformer-ptb"][unpaired] == "0.673" and cells["transformer-ptb"][paired] == ""
     assert cells["transformer-speed"][paired] == "0.303 (median of 3)" and cells["transformer-speed"][unpaired] == ""
     assert "ceiling_fraction_unpaired`: a training run" in render.table(doc)
+
+
+def test_sparse_bands_put_each_word_in_its_code_class_and_split_the_extra_loss_by_hand():
+    import numpy as np
+
+    from seqlm.nn.sparse_code import CodeBook
+    from sparse_bands import bands, word_classes
+
+    book = CodeBook(["the", "of"], {"the": [(0, 1.0)], "of": [(1, 1.0)], "cat": [(0, 0.5)],
+                                    "dog": [(0, 0.2), (1, 0.3)]})
+    assert word_classes(["</s>", "<unk>", "the", "of", "cat", "dog", "emu"], book) == [
+        "</s>", "<unk>", "base 1-1000", "base 1-1000", "rare, 1 nonzero", "rare, 2+ nonzeros", "no code"]
+    classes = np.asarray(["a", "b", "a"])
+    logp_a, logp_e = np.log([0.5, 0.25, 0.5]), np.log([0.25, 0.25, 0.125])
+    got = {b["class"]: b for b in bands(classes, logp_a, logp_e)}
+    assert got["a"]["tokens"] == 2 and got["a"]["ppl_a"] == pytest.approx(2.0)
+    assert got["a"]["ppl_e"] == pytest.approx((4 * 8) ** 0.5)  # exp of the mean of ln 4 and ln 8
+    assert got["a"]["extra_nats"] == pytest.approx(np.log(2) + np.log(4))
+    assert got["a"]["share_of_extra"] == pytest.approx(1.0) and got["b"]["share_of_extra"] == pytest.approx(0.0)
