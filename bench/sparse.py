@@ -118,7 +118,11 @@ VARIANTS = {  # (a) .. (e) of the issue, on the same encoder
     "nce-zreg-nokeep": [*NCE, "--normaliser", "regression", "--keep-memory", "false"],
 } | ADAPTIVE
 # the full-corpus recipe: the same encoder, every epoch run (no early stop); output layers users pick today
-ALL_ENCODER = [*ENCODER[:-1], str(ALL_EPOCHS), "--min-improvement", "0"]
+def all_encoder(epochs: int) -> list[str]:
+    return [*ENCODER[:-1], str(epochs), "--min-improvement", "0"]
+
+
+ALL_ENCODER = all_encoder(ALL_EPOCHS)
 ALL_VARIANTS = {v: VARIANTS[v] for v in ("full", "nce", "nce-zreg", "codes-ibias", "codes-cbias-prior")} | {
     "adaptive": VARIANTS["adaptive"],  # torch.nn.AdaptiveLogSoftmaxWithLoss (Grave et al. 2017)
     "class": ["--output", "class"],  # the rnn family's frequency-binned class output, sqrt(V) classes
@@ -406,8 +410,7 @@ def run_all_row(name: str, variant: str, args) -> dict:
     epochs = LONG_EPOCHS if variant.endswith(f"-{LONG_EPOCHS}ep") else ALL_EPOCHS
     extra = {"recipe": f"{epochs} epochs over the whole training split; valid/test: the whole splits",
              "objective_note": "train_ppl of NCE rows is exp(NCE loss)"}
-    encoder = [*ENCODER[:-1], str(epochs), "--min-improvement", "0"]
-    flags = encoder + list(ALL_VARIANTS[variant.removesuffix(f"-{LONG_EPOCHS}ep")])
+    flags = all_encoder(epochs) + list(ALL_VARIANTS[variant.removesuffix(f"-{LONG_EPOCHS}ep")])
     flags, info = _with_codes(flags, "gcide", args.threads, ALL_WORK)
     if info:  # the vectors are trained on the training split alone: the same text the LSTM trains on
         extra.update(info, codes_train_tokens=int(len(_all_data("gcide")[3].ids)))

@@ -107,7 +107,7 @@ def main() -> None:
               f"(sparse.json: {row['table_test_ppl']})")
         for b in row["bands"]:
             print(f"  {b['class']:18s} {b['tokens']:7d} tokens  (a) {b['ppl_a']:10.2f}  (e) {b['ppl_e']:10.2f}  "
-                  f"share of (e)'s extra loss {b['share_of_extra'] or 0:+.3f}")
+                  f"(e)'s extra nats {b['extra_nats']:+.0f}")
 
 
 if __name__ == "__main__":
